@@ -1,0 +1,260 @@
+"""An official Qwen3-TTS 12 Hz checkpoint folder: its configs as types, its tensors, its checks.
+
+`Checkpoint.open(dir)` refuses clearly what the converter cannot take: missing files, a 25 Hz or
+unknown model type, a tensor whose shape does not match its config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .safetensors_io import SafetensorsError, SafetensorsFile
+
+REQUIRED_FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
+    "tokenizer_config.json", "speech_tokenizer/config.json", "speech_tokenizer/model.safetensors",
+)
+MODEL_TYPES = ("custom_voice", "voice_design", "base")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder the converter refuses, with the reason."""
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A Qwen3 decoder stack (talker or code predictor)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TransformerConfig":
+        return cls(
+            hidden_size=int(d["hidden_size"]), num_layers=int(d["num_hidden_layers"]),
+            num_heads=int(d["num_attention_heads"]), num_kv_heads=int(d["num_key_value_heads"]),
+            head_dim=int(d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),
+            intermediate_size=int(d["intermediate_size"]), rms_norm_eps=float(d["rms_norm_eps"]),
+            rope_theta=float(d["rope_theta"]),
+        )
+
+
+@dataclass(frozen=True)
+class TalkerConfig(TransformerConfig):
+    vocab_size: int = 3072
+    text_vocab_size: int = 151936
+    text_hidden_size: int = 2048
+    num_code_groups: int = 16
+    codec_ids: dict = field(default_factory=dict)  # pad, bos, eos, think, nothink, think_bos, think_eos
+    language_ids: dict = field(default_factory=dict)
+    speaker_ids: dict = field(default_factory=dict)
+    speaker_dialects: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CodecDecoderConfig:
+    """The 12 Hz speech tokenizer's decoder (code2wav)."""
+
+    codebook_size: int
+    codebook_dim: int
+    latent_dim: int
+    decoder_dim: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    sliding_window: int
+    num_quantizers: int
+    upsample_rates: tuple[int, ...]
+    upsampling_ratios: tuple[int, ...]
+    samples_per_frame: int
+    sample_rate: int
+
+    @classmethod
+    def from_dict(cls, codec: dict) -> "CodecDecoderConfig":
+        d = codec["decoder_config"]
+        heads = int(d.get("num_attention_heads", 16))
+        return cls(
+            codebook_size=int(d.get("codebook_size", 2048)), codebook_dim=int(d.get("codebook_dim", 512)),
+            latent_dim=int(d.get("latent_dim", 1024)), decoder_dim=int(d.get("decoder_dim", 1536)),
+            hidden_size=int(d.get("hidden_size", 512)), intermediate_size=int(d.get("intermediate_size", 1024)),
+            num_layers=int(d.get("num_hidden_layers", 8)), num_heads=heads,
+            head_dim=int(d.get("head_dim") or int(d.get("hidden_size", 512)) // heads),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)), rope_theta=float(d.get("rope_theta", 10000)),
+            sliding_window=int(d.get("sliding_window", 72)), num_quantizers=int(d.get("num_quantizers", 16)),
+            upsample_rates=tuple(d.get("upsample_rates", (8, 5, 4, 3))),
+            upsampling_ratios=tuple(d.get("upsampling_ratios", (2, 2))),
+            samples_per_frame=int(codec.get("decode_upsample_rate", 1920)),
+            sample_rate=int(codec.get("output_sample_rate", 24000)),
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the converter and the engine need from `config.json`."""
+
+    model_type: str  # custom_voice | voice_design | base
+    model_size: str  # "0b6" | "1b7" as published
+    talker: TalkerConfig
+    code_predictor: TransformerConfig
+    codec: CodecDecoderConfig
+    special_text_ids: dict  # im_start, im_end, assistant, newline, tts_pad, tts_bos, tts_eos
+    speaker_encoder: dict | None
+    raw: dict
+
+    @property
+    def has_mtp_projection(self) -> bool:
+        return self.code_predictor.hidden_size != self.talker.hidden_size
+
+
+def parse_config(config: dict, codec_config: dict) -> ModelConfig:
+    """Typed view of config.json + speech_tokenizer/config.json; raises CheckpointError."""
+    if config.get("tokenizer_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
+        raise CheckpointError(
+            f"tokenizer_type {config.get('tokenizer_type')!r} is not supported: only the 12 Hz models "
+            "(qwen3_tts_tokenizer_12hz) can be converted; the 25 Hz family is not."
+        )
+    if codec_config.get("model_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
+        raise CheckpointError(f"speech_tokenizer model_type {codec_config.get('model_type')!r} is not the 12 Hz codec")
+    model_type = config.get("tts_model_type")
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(f"unknown tts_model_type {model_type!r}; expected one of {', '.join(MODEL_TYPES)}")
+    try:
+        t = config["talker_config"]
+        cp = t["code_predictor_config"]
+        talker = TalkerConfig(
+            **vars(TransformerConfig.from_dict(t)),
+            vocab_size=int(t["vocab_size"]), text_vocab_size=int(t.get("text_vocab_size", 151936)),
+            text_hidden_size=int(t["text_hidden_size"]), num_code_groups=int(t.get("num_code_groups", 16)),
+            codec_ids={k: int(t[f"codec_{k}_id" if k != "eos" else "codec_eos_token_id"])
+                       for k in ("pad", "bos", "eos", "think", "nothink", "think_bos", "think_eos")},
+            language_ids={k.lower(): int(v) for k, v in (t.get("codec_language_id") or {}).items()},
+            speaker_ids={k.lower(): int(v[0] if isinstance(v, list) else v) for k, v in (t.get("spk_id") or {}).items()},
+            speaker_dialects={k.lower(): v for k, v in (t.get("spk_is_dialect") or {}).items()},
+        )
+        code_predictor = TransformerConfig.from_dict(cp)
+        codec = CodecDecoderConfig.from_dict(codec_config)
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"config.json is missing or has a malformed field: {e}") from e
+    if talker.num_code_groups != 16 or codec.num_quantizers != talker.num_code_groups:
+        raise CheckpointError(f"expected 16 code groups, got talker {talker.num_code_groups} / codec {codec.num_quantizers}")
+    special = {
+        "im_start": int(config.get("im_start_token_id", 151644)), "im_end": int(config.get("im_end_token_id", 151645)),
+        "assistant": int(config.get("assistant_token_id", 77091)), "newline": 198,
+        "tts_pad": int(config.get("tts_pad_token_id", 151671)), "tts_bos": int(config.get("tts_bos_token_id", 151672)),
+        "tts_eos": int(config.get("tts_eos_token_id", 151673)),
+    }
+    return ModelConfig(
+        model_type=model_type, model_size=str(config.get("tts_model_size", "")), talker=talker,
+        code_predictor=code_predictor, codec=codec, special_text_ids=special,
+        speaker_encoder=config.get("speaker_encoder_config") if model_type == "base" else None, raw=config,
+    )
+
+
+def expected_talker_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes every talker/code-predictor tensor must have, from the config alone."""
+    t, c = cfg.talker, cfg.code_predictor
+    shapes: dict[str, tuple[int, ...]] = {
+        "talker.model.text_embedding.weight": (t.text_vocab_size, t.text_hidden_size),
+        "talker.model.codec_embedding.weight": (t.vocab_size, t.hidden_size),
+        "talker.model.norm.weight": (t.hidden_size,),
+        "talker.codec_head.weight": (t.vocab_size, t.hidden_size),
+        "talker.text_projection.linear_fc1.weight": (t.text_hidden_size, t.text_hidden_size),
+        "talker.text_projection.linear_fc1.bias": (t.text_hidden_size,),
+        "talker.text_projection.linear_fc2.weight": (t.hidden_size, t.text_hidden_size),
+        "talker.text_projection.linear_fc2.bias": (t.hidden_size,),
+        "talker.code_predictor.model.norm.weight": (c.hidden_size,),
+    }
+
+    def layer(prefix: str, s: TransformerConfig) -> None:
+        q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        shapes.update({
+            f"{prefix}.input_layernorm.weight": (s.hidden_size,),
+            f"{prefix}.post_attention_layernorm.weight": (s.hidden_size,),
+            f"{prefix}.self_attn.q_proj.weight": (q, s.hidden_size),
+            f"{prefix}.self_attn.k_proj.weight": (kv, s.hidden_size),
+            f"{prefix}.self_attn.v_proj.weight": (kv, s.hidden_size),
+            f"{prefix}.self_attn.o_proj.weight": (s.hidden_size, q),
+            f"{prefix}.self_attn.q_norm.weight": (s.head_dim,),
+            f"{prefix}.self_attn.k_norm.weight": (s.head_dim,),
+            f"{prefix}.mlp.gate_proj.weight": (s.intermediate_size, s.hidden_size),
+            f"{prefix}.mlp.up_proj.weight": (s.intermediate_size, s.hidden_size),
+            f"{prefix}.mlp.down_proj.weight": (s.hidden_size, s.intermediate_size),
+        })
+
+    for i in range(t.num_layers):
+        layer(f"talker.model.layers.{i}", t)
+    for i in range(c.num_layers):
+        layer(f"talker.code_predictor.model.layers.{i}", c)
+    for i in range(t.num_code_groups - 1):
+        shapes[f"talker.code_predictor.model.codec_embedding.{i}.weight"] = (2048, t.hidden_size)
+        shapes[f"talker.code_predictor.lm_head.{i}.weight"] = (2048, c.hidden_size)
+    if cfg.has_mtp_projection:
+        shapes["talker.code_predictor.small_to_mtp_projection.weight"] = (c.hidden_size, t.hidden_size)
+        shapes["talker.code_predictor.small_to_mtp_projection.bias"] = (c.hidden_size,)
+    return shapes
+
+
+@dataclass
+class Checkpoint:
+    """An opened checkpoint folder: typed config plus lazily read tensors."""
+
+    path: Path
+    config: ModelConfig
+    generation_config: dict
+    weights: SafetensorsFile
+    codec_weights: SafetensorsFile
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Checkpoint":
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"{path} is not a folder")
+        missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
+        if missing:
+            raise CheckpointError(f"{path} is not a complete Qwen3-TTS 12 Hz checkpoint: missing {', '.join(missing)}")
+        try:
+            config = json.loads((path / "config.json").read_text())
+            codec_config = json.loads((path / "speech_tokenizer/config.json").read_text())
+            generation_config = json.loads((path / "generation_config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: a config file is not valid JSON ({e})") from e
+        parsed = parse_config(config, codec_config)
+        try:
+            weights = SafetensorsFile(path / "model.safetensors")
+            codec_weights = SafetensorsFile(path / "speech_tokenizer/model.safetensors")
+        except SafetensorsError as e:
+            raise CheckpointError(str(e)) from e
+        ckpt = cls(path, parsed, generation_config, weights, codec_weights)
+        ckpt.validate_shapes()
+        return ckpt
+
+    def validate_shapes(self) -> None:
+        """Every tensor the runtime uses exists with the shape its config implies."""
+        for name, shape in expected_talker_shapes(self.config).items():
+            if name not in self.weights:
+                raise CheckpointError(f"model.safetensors has no tensor {name}")
+            if self.weights.shape_of(name) != shape:
+                raise CheckpointError(
+                    f"tensor {name} has shape {list(self.weights.shape_of(name))} but config.json implies {list(shape)}"
+                )
+        if "decoder.pre_conv.conv.weight" not in self.codec_weights:
+            raise CheckpointError("speech_tokenizer/model.safetensors has no decoder weights")
+        c = self.config.codec
+        got = self.codec_weights.shape_of("decoder.pre_conv.conv.weight")
+        if got != (c.latent_dim, c.codebook_dim, 3):
+            raise CheckpointError(
+                f"tensor decoder.pre_conv.conv.weight has shape {list(got)} but speech_tokenizer/config.json "
+                f"implies {[c.latent_dim, c.codebook_dim, 3]}"
+            )

@@ -1,0 +1,56 @@
+"""Shared fixtures: random official checkpoints (built once, cached under .cache/fixtures)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("QTTS_TEST_CACHE", ROOT / ".cache" / "fixtures"))
+
+# name -> build arguments; the 1.7B-like presets have a small_to_mtp_projection, the 0b6 ones not
+CHECKPOINTS = {
+    "tiny_cv": dict(shape="tiny", model_type="custom_voice", seed=1),
+    "tiny0b6_cv_bf16": dict(shape="tiny-0b6", model_type="custom_voice", seed=2, talker_dtype="bfloat16"),
+    "tiny_vd": dict(shape="tiny", model_type="voice_design", seed=3),
+    "tiny_base": dict(shape="tiny", model_type="base", seed=4),
+    "tiny0b6_base": dict(shape="tiny-0b6", model_type="base", seed=5),
+    "small_cv": dict(shape="small", model_type="custom_voice", seed=6),
+}
+
+
+def _builder_digest() -> str:
+    h = hashlib.sha256()
+    for rel in ("tests/reference/checkpoints.py", "qwen3_tts_gguf/model_shapes.py"):
+        h.update((ROOT / rel).read_bytes())
+    return h.hexdigest()[:10]
+
+
+def official_checkpoint(name: str) -> Path:
+    """Path of the cached random checkpoint `name` (see CHECKPOINTS), built on first use."""
+    from tests.reference.checkpoints import build_official_checkpoint
+
+    args = CHECKPOINTS[name]
+    out = CACHE / f"{name}-{_builder_digest()}"
+    if not (out / "speech_tokenizer" / "model.safetensors").exists():
+        build_official_checkpoint(out, vocab_cache=CACHE / "vocab", **args)
+    return out
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory():
+    """Call with a CHECKPOINTS name; returns the checkpoint folder."""
+    return official_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_cv() -> Path:
+    return official_checkpoint("tiny_cv")
+
+
+@pytest.fixture(scope="session")
+def tiny0b6_cv_bf16() -> Path:
+    return official_checkpoint("tiny0b6_cv_bf16")
