@@ -249,12 +249,64 @@ class Checkpoint:
                 raise CheckpointError(
                     f"tensor {name} has shape {list(self.weights.shape_of(name))} but config.json implies {list(shape)}"
                 )
-        if "decoder.pre_conv.conv.weight" not in self.codec_weights:
-            raise CheckpointError("speech_tokenizer/model.safetensors has no decoder weights")
-        c = self.config.codec
-        got = self.codec_weights.shape_of("decoder.pre_conv.conv.weight")
-        if got != (c.latent_dim, c.codebook_dim, 3):
-            raise CheckpointError(
-                f"tensor decoder.pre_conv.conv.weight has shape {list(got)} but speech_tokenizer/config.json "
-                f"implies {[c.latent_dim, c.codebook_dim, 3]}"
-            )
+        for name, shape in expected_codec_decoder_shapes(self.config.codec).items():
+            if name not in self.codec_weights:
+                raise CheckpointError(f"speech_tokenizer/model.safetensors has no tensor {name}")
+            if self.codec_weights.shape_of(name) != shape:
+                raise CheckpointError(
+                    f"tensor {name} has shape {list(self.codec_weights.shape_of(name))} but "
+                    f"speech_tokenizer/config.json implies {list(shape)}"
+                )
+
+
+def expected_codec_decoder_shapes(c: CodecDecoderConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of every `decoder.*` tensor of the speech tokenizer, from its config alone."""
+    half, cd, lat, hs = c.codebook_dim // 2, c.codebook_dim, c.latent_dim, c.hidden_size
+    attn = c.num_heads * c.head_dim
+    s: dict[str, tuple[int, ...]] = {}
+    for part, n in (("rvq_first", 1), ("rvq_rest", c.num_quantizers - 1)):
+        s[f"decoder.quantizer.{part}.input_proj.weight"] = (half, cd, 1)
+        s[f"decoder.quantizer.{part}.output_proj.weight"] = (cd, half, 1)
+        for k in range(n):
+            s[f"decoder.quantizer.{part}.vq.layers.{k}._codebook.cluster_usage"] = (c.codebook_size,)
+            s[f"decoder.quantizer.{part}.vq.layers.{k}._codebook.embedding_sum"] = (c.codebook_size, half)
+    s["decoder.pre_conv.conv.weight"] = (lat, cd, 3)
+    s["decoder.pre_conv.conv.bias"] = (lat,)
+    p = "decoder.pre_transformer"
+    s[f"{p}.input_proj.weight"], s[f"{p}.input_proj.bias"] = (hs, lat), (hs,)
+    s[f"{p}.output_proj.weight"], s[f"{p}.output_proj.bias"] = (lat, hs), (lat,)
+    s[f"{p}.norm.weight"] = (hs,)
+    for i in range(c.num_layers):
+        q = f"{p}.layers.{i}"
+        for name in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                     "self_attn_layer_scale.scale", "mlp_layer_scale.scale"):
+            s[f"{q}.{name}"] = (hs,)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            s[f"{q}.self_attn.{name}.weight"] = (attn, hs)
+        s[f"{q}.self_attn.o_proj.weight"] = (hs, attn)
+        s[f"{q}.mlp.gate_proj.weight"] = s[f"{q}.mlp.up_proj.weight"] = (c.intermediate_size, hs)
+        s[f"{q}.mlp.down_proj.weight"] = (hs, c.intermediate_size)
+    for u, factor in enumerate(c.upsampling_ratios):
+        q = f"decoder.upsample.{u}"
+        s[f"{q}.0.conv.weight"], s[f"{q}.0.conv.bias"] = (lat, lat, factor), (lat,)
+        s[f"{q}.1.dwconv.conv.weight"], s[f"{q}.1.dwconv.conv.bias"] = (lat, 1, 7), (lat,)
+        for name in ("gamma", "norm.weight", "norm.bias", "pwconv2.bias"):
+            s[f"{q}.1.{name}"] = (lat,)
+        s[f"{q}.1.pwconv1.weight"], s[f"{q}.1.pwconv1.bias"] = (4 * lat, lat), (4 * lat,)
+        s[f"{q}.1.pwconv2.weight"] = (lat, 4 * lat)
+    s["decoder.decoder.0.conv.weight"], s["decoder.decoder.0.conv.bias"] = (c.decoder_dim, lat, 7), (c.decoder_dim,)
+    ch = c.decoder_dim
+    for b, rate in enumerate(c.upsample_rates, start=1):
+        q, out = f"decoder.decoder.{b}.block", ch // 2
+        s[f"{q}.0.alpha"] = s[f"{q}.0.beta"] = (ch,)
+        s[f"{q}.1.conv.weight"], s[f"{q}.1.conv.bias"] = (ch, out, 2 * rate), (out,)
+        for r in (2, 3, 4):
+            for act in ("act1", "act2"):
+                s[f"{q}.{r}.{act}.alpha"] = s[f"{q}.{r}.{act}.beta"] = (out,)
+            s[f"{q}.{r}.conv1.conv.weight"], s[f"{q}.{r}.conv1.conv.bias"] = (out, out, 7), (out,)
+            s[f"{q}.{r}.conv2.conv.weight"], s[f"{q}.{r}.conv2.conv.bias"] = (out, out, 1), (out,)
+        ch = out
+    last = len(c.upsample_rates) + 1
+    s[f"decoder.decoder.{last}.alpha"] = s[f"decoder.decoder.{last}.beta"] = (ch,)
+    s[f"decoder.decoder.{last + 1}.conv.weight"], s[f"decoder.decoder.{last + 1}.conv.bias"] = (1, ch, 7), (1,)
+    return s

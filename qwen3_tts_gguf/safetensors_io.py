@@ -60,11 +60,16 @@ class SafetensorsFile(Mapping):
     def shape_of(self, name: str) -> tuple[int, ...]:
         return tuple(self._entries[name]["shape"])
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def raw(self, name: str) -> np.ndarray:
+        """The stored array as a read-only memory map (BF16 as raw uint16 words)."""
         info = self._entries[name]
         start, end = info["data_offsets"]
         raw = self._data[self._offset + start : self._offset + end]
-        arr = raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+        return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        info = self._entries[name]
+        arr = self.raw(name)
         if info["dtype"] == "BF16":
             return bf16_to_f32(arr)
         if info["dtype"] in ("F16", "F64"):

@@ -1,0 +1,1 @@
+"""Conversion of official Hugging Face checkpoints into model folders (no PyTorch)."""

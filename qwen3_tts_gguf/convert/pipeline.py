@@ -1,0 +1,142 @@
+"""Checkpoint folder -> converted model folder, atomically, with a self-check before success.
+
+Everything is written into a hidden temporary folder beside the target and renamed at the end: an
+interrupted conversion never leaves a half model under the target name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .. import __version__
+from ..checkpoint import Checkpoint, CheckpointError
+from ..manifest import MANIFEST, FileEntry, Manifest, sha256_file
+from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
+from .onnx_builder import save_model
+from .talker_gguf import QUANTS, write_talker_gguf
+from .text_tables import FILE_NAME as TEXT_TABLES
+from .text_tables import write_text_tables
+
+TALKER_FILE = "talker.gguf"
+PREDICTOR_FILE = "code_predictor.onnx"
+CODEC_FILE = "codec_decoder.onnx"
+_SIZES = {"0b6": "0.6b", "1b7": "1.7b"}
+
+
+def _partial_dir(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+
+
+def _remove_stale_partials(out_dir: Path) -> None:
+    """Remove temporary folders left by conversions that were killed (their process is gone)."""
+    for stale in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
+        try:
+            pid = int(stale.name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError):
+            shutil.rmtree(stale, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def build_manifest(ckpt: Checkpoint, quant: str, name: str) -> Manifest:
+    """The manifest of a conversion (files are filled in once written)."""
+    cfg = ckpt.config
+    t = cfg.talker
+    speakers = {n: {"id": i, "dialect": t.speaker_dialects.get(n) or False} for n, i in t.speaker_ids.items()}
+    size = _SIZES.get(cfg.model_size, cfg.model_size)
+    return Manifest(
+        name=name, model_type=cfg.model_type, model_size=size, quant=quant,
+        talker={"hidden_size": t.hidden_size, "num_layers": t.num_layers, "vocab_size": t.vocab_size,
+                "text_vocab_size": t.text_vocab_size, "text_hidden_size": t.text_hidden_size,
+                "num_code_groups": t.num_code_groups},
+        code_predictor={"hidden_size": cfg.code_predictor.hidden_size, "num_layers": cfg.code_predictor.num_layers,
+                        "mtp_projection": cfg.has_mtp_projection, "precision": "fp32"},
+        codec={"sample_rate": cfg.codec.sample_rate, "samples_per_frame": cfg.codec.samples_per_frame,
+               "sliding_window": cfg.codec.sliding_window, "frame_rate": cfg.codec.sample_rate / cfg.codec.samples_per_frame},
+        text_ids=dict(cfg.special_text_ids), codec_ids=dict(t.codec_ids), languages=dict(t.language_ids),
+        speakers=speakers, sampling=dict(ckpt.generation_config),
+        default_text_mode="streaming" if cfg.model_type == "base" else "non-streaming",
+        # the official wrapper drops instructions on 0.6B CustomVoice and never takes one on Base
+        instruct_supported=cfg.model_type == "voice_design" or (cfg.model_type == "custom_voice" and size != "0.6b"),
+        tokenizer={"pretokenizer": official_pretokenizer(cfg.raw.get("transformers_version"))},
+        speaker_encoder=cfg.speaker_encoder, converter_version=__version__,
+        source={"path": str(ckpt.path.resolve()), "transformers_version": cfg.raw.get("transformers_version")},
+    )
+
+
+def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8_0", *, name: str | None = None,
+                       overwrite: bool = False, verify: bool = True, threads: int = 0,
+                       show_progress: bool = True) -> Manifest:
+    """Convert an official checkpoint folder into a model folder at `out_dir`; returns its manifest."""
+    if quant not in QUANTS:
+        raise CheckpointError(f"unknown quant {quant!r}; choose one of {', '.join(QUANTS)}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists (pass --force to replace it)")
+    ckpt = Checkpoint.open(hf_dir)
+    name = name or out_dir.name
+    _remove_stale_partials(out_dir)
+    tmp = _partial_dir(out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    stages = ["talker", "text tables", "code predictor", "codec decoder", "tokenizer", "self-check"]
+    bar = tqdm(total=len(stages), desc=f"convert {name}", unit="stage", disable=not show_progress)
+    started = time.monotonic()
+    try:
+        def stage(label: str) -> None:
+            bar.set_postfix_str(label)
+
+        stage("talker")
+        write_talker_gguf(ckpt, tmp / TALKER_FILE, quant, name=name, threads=threads,
+                          progress=lambda t: bar.set_postfix_str(f"talker {t}"))
+        bar.update()
+        stage("text tables")
+        write_text_tables(ckpt, tmp / TEXT_TABLES)
+        bar.update()
+        stage("code predictor")
+        from .predictor_graph import build_code_predictor
+
+        save_model(build_code_predictor(ckpt), tmp / PREDICTOR_FILE)
+        bar.update()
+        stage("codec decoder")
+        from .codec_graph import build_codec_decoder
+
+        save_model(build_codec_decoder(ckpt), tmp / CODEC_FILE)
+        bar.update()
+        stage("tokenizer")
+        for f in TOKENIZER_FILES:
+            shutil.copy(ckpt.path / f, tmp / f)
+        manifest = build_manifest(ckpt, quant, name)
+        manifest.files = {
+            p.name: FileEntry(bytes=p.stat().st_size, sha256=sha256_file(p))
+            for p in sorted(tmp.iterdir()) if p.is_file()
+        }
+        (tmp / MANIFEST).write_text(manifest.to_json())
+        bar.update()
+        if verify:
+            stage("self-check")
+            from .verify import verify_conversion
+
+            manifest.source["self_check"] = verify_conversion(ckpt, tmp)
+            (tmp / MANIFEST).write_text(manifest.to_json())
+        bar.update()
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    if show_progress:
+        print(f"converted {ckpt.path} -> {out_dir} ({quant}) in {time.monotonic() - started:.1f} s")
+    return manifest
+
+
+__all__ = ["convert_checkpoint", "build_manifest"]

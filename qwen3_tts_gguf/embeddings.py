@@ -1,0 +1,64 @@
+"""Prompt rows from the converted model's tables: text rows through the projection MLP, codec rows.
+
+`E_txt(id) = fc2(silu(fc1(text_embedding[id]) + b1)) + b2` is computed on demand for the tokens a
+prompt uses (the table has 151936 rows; most are never touched, and the file is memory-mapped).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .safetensors_io import SafetensorsFile, bf16_to_f32
+
+
+class EmbeddingTables:
+    """Text and codec embedding rows of one converted model."""
+
+    def __init__(self, path: str | Path):
+        self._file = SafetensorsFile(path)
+        self.fc1_w = self._file["text_fc1.weight"]
+        self.fc1_b = self._file["text_fc1.bias"]
+        self.fc2_w = self._file["text_fc2.weight"]
+        self.fc2_b = self._file["text_fc2.bias"]
+        self.codec = [self._file[f"codec_embedding.{i}"] for i in range(16)]
+        self.hidden_size = self.codec[0].shape[1]
+        self.text_vocab_size = self._file.shape_of("text_embedding")[0]
+        self._text_cache: dict[int, np.ndarray] = {}
+
+    def _text_embedding_rows(self, ids: np.ndarray) -> np.ndarray:
+        raw = self._file.raw("text_embedding")
+        rows = np.asarray(raw[ids])
+        if self._file.dtype_of("text_embedding") == "BF16":
+            return bf16_to_f32(rows)
+        return rows.astype(np.float32)
+
+    def text_rows(self, ids) -> np.ndarray:
+        """E_txt for each id: [n, H] float32 (cached per id)."""
+        ids = [int(i) for i in ids]
+        missing = sorted({i for i in ids if i not in self._text_cache})
+        if missing:
+            if missing[0] < 0 or missing[-1] >= self.text_vocab_size:
+                raise ValueError(f"text token id out of range: {missing}")
+            x = self._text_embedding_rows(np.array(missing))
+            h = x @ self.fc1_w.T + self.fc1_b
+            h = h * (1.0 / (1.0 + np.exp(-h)))
+            y = (h @ self.fc2_w.T + self.fc2_b).astype(np.float32)
+            for i, row in zip(missing, y):
+                self._text_cache[i] = row
+        if not ids:
+            return np.zeros((0, self.hidden_size), np.float32)
+        return np.stack([self._text_cache[i] for i in ids])
+
+    def codec_rows(self, ids) -> np.ndarray:
+        """Talker codec-embedding rows (codebook-0 codes, control, language and speaker ids)."""
+        return self.codec[0][np.asarray(ids, dtype=np.int64)]
+
+    def frame_rows(self, codes: np.ndarray) -> np.ndarray:
+        """Frame embedding of codes [n, 16]: C(code0) + sum_i CP_i(code_i), shape [n, H]."""
+        codes = np.asarray(codes, dtype=np.int64)
+        out = self.codec[0][codes[:, 0]].copy()
+        for i in range(1, 16):
+            out += self.codec[i][codes[:, i]]
+        return out

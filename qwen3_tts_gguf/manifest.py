@@ -1,0 +1,99 @@
+"""`manifest.json` of a converted model folder: what the model is and which files make it.
+
+The engine trusts nothing else: it opens a model folder through `load_manifest`, which checks the
+format version and that every listed file is present with the recorded size (and, on request,
+hash), so a damaged model is refused with a clear message instead of failing deep in llama.cpp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class ModelFolderError(ValueError):
+    """A converted model folder that cannot be used."""
+
+
+@dataclass
+class FileEntry:
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    """Everything the runtime needs to know about a converted model."""
+
+    name: str
+    model_type: str  # custom_voice | voice_design | base
+    model_size: str  # "0.6b" | "1.7b" (from tts_model_size "0b6"/"1b7")
+    quant: str
+    talker: dict  # hidden_size, num_layers, vocab_size, ...
+    code_predictor: dict
+    codec: dict  # sample_rate, samples_per_frame, sliding_window
+    text_ids: dict  # im_start, im_end, assistant, newline, tts_pad, tts_bos, tts_eos
+    codec_ids: dict  # pad, bos, eos, think, nothink, think_bos, think_eos
+    languages: dict  # name -> codec id (dialects included where the model has them)
+    speakers: dict  # name -> {"id": int, "dialect": str | False}
+    sampling: dict  # generation_config.json defaults
+    default_text_mode: str  # non-streaming | streaming
+    instruct_supported: bool
+    tokenizer: dict  # pretokenizer: "qwen2" | "mistral-fixed" (what the official pipeline uses)
+    speaker_encoder: dict | None = None
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    converter_version: str = ""
+    source: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Manifest":
+        d = dict(d)
+        d["files"] = {k: FileEntry(**v) for k, v in d.get("files", {}).items()}
+        return cls(**d)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_manifest(folder: str | Path, verify_hashes: bool = False) -> Manifest:
+    """Read and check a model folder's manifest; raises ModelFolderError with the reason."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ModelFolderError(f"{folder} is not a converted model folder (no {MANIFEST}); "
+                               "convert a checkpoint with `python -m qwen3_tts_gguf convert`")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelFolderError(f"{path} is not valid JSON ({e})") from e
+    if raw.get("format_version") != FORMAT_VERSION:
+        raise ModelFolderError(f"{folder}: model format version {raw.get('format_version')} is not "
+                               f"{FORMAT_VERSION}; convert the checkpoint again with this version")
+    try:
+        manifest = Manifest.from_dict(raw)
+    except TypeError as e:
+        raise ModelFolderError(f"{path} is malformed ({e})") from e
+    for name, entry in manifest.files.items():
+        f = folder / name
+        if not f.is_file():
+            raise ModelFolderError(f"{folder}: file {name} is missing; convert the checkpoint again")
+        if f.stat().st_size != entry.bytes:
+            raise ModelFolderError(f"{folder}: file {name} has {f.stat().st_size} bytes, expected "
+                                   f"{entry.bytes} (truncated or replaced); convert the checkpoint again")
+        if verify_hashes and sha256_file(f) != entry.sha256:
+            raise ModelFolderError(f"{folder}: file {name} is corrupt (sha256 mismatch)")
+    return manifest

@@ -1,0 +1,150 @@
+"""`make-random`: a random-weight checkpoint in the real Hugging Face layout, with numpy alone.
+
+It speaks noise, but it lets anyone try the whole path offline (convert, synth, serve) and gives
+the benchmarks real-shape models. The talker is saved in BF16 and the codec in F32, like the
+published repos. Without `tokenizer_dir` a byte-level vocabulary is written (every byte one
+token, filler entries up to the special ids), so any text tokenizes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import expected_codec_decoder_shapes, expected_talker_shapes, parse_config
+from .model_shapes import FIRST_ADDED_ID, checkpoint_configs, tokenizer_config
+from .safetensors_io import write_safetensors
+from .tokenizer import TOKENIZER_FILES
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+# the role words of the prompt templates must be single tokens at their Qwen ids, as in the real vocab
+_ROLE_WORDS = {"assistant": 77091, "user": 872}
+
+
+def _write_byte_vocab(out: Path) -> None:
+    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode().values())}
+    merges, next_free = [], len(vocab)
+    for word, word_id in _ROLE_WORDS.items():
+        for end in range(2, len(word) + 1):
+            piece = word[:end]
+            merges.append(f"{word[:end - 1]} {word[end - 1]}")
+            if end == len(word):
+                vocab[piece] = word_id
+            elif piece not in vocab:
+                vocab[piece] = next_free
+                next_free += 1
+    used = set(vocab.values())
+    for i in range(FIRST_ADDED_ID):
+        if i not in used:
+            vocab[f"<|filler_{i}|>"] = i
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2))
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    leaf = name.rsplit(".", 1)[-1]
+    if "layer_scale" in name or leaf in ("gamma", "scale"):
+        return rng.uniform(0.05, 0.2, shape).astype(np.float32)
+    if leaf in ("alpha", "beta"):
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if leaf == "cluster_usage":
+        return rng.uniform(0.5, 2.0, shape).astype(np.float32)
+    if leaf == "bias":
+        return (0.05 * rng.standard_normal(shape)).astype(np.float32)
+    if len(shape) == 1:
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if "embedding" in name:
+        return rng.standard_normal(shape, dtype=np.float32)
+    transposed = ".block.1.conv" in name or (name.startswith("decoder.upsample") and ".0.conv." in name)
+    fan_in = shape[0] if transposed else int(np.prod(shape[1:]))  # ConvTranspose is [in, out, k]
+    scale = 4.0 if ("codec_head" in name or "lm_head" in name) else 1.0
+    return (rng.standard_normal(shape, dtype=np.float32) * (scale / np.sqrt(fan_in))).astype(np.float32)
+
+
+def _to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 to bfloat16 words (round to nearest even)."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def make_random_checkpoint(out_dir: str | Path, shape: str = "tiny", model_type: str = "custom_voice", *,
+                           seed: int = 0, tokenizer_dir: str | Path | None = None,
+                           progress: Callable[[str], None] | None = None) -> Path:
+    """Write a random checkpoint to out_dir (atomically: a temp folder renamed at the end)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} already exists")
+    tmp = out_dir.with_name(f".{out_dir.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "speech_tokenizer").mkdir(parents=True)
+    try:
+        configs = checkpoint_configs(shape, model_type)
+        for rel, obj in configs.items():
+            (tmp / rel).write_text(json.dumps(obj, indent=2))
+        if tokenizer_dir:
+            for f in TOKENIZER_FILES:
+                shutil.copy(Path(tokenizer_dir) / f, tmp / f)
+        else:
+            _write_byte_vocab(tmp)
+        cfg = parse_config(configs["config.json"], configs["speech_tokenizer/config.json"])
+        rng = np.random.default_rng(seed)
+        talker = {}
+        for name, shp in expected_talker_shapes(cfg).items():
+            if progress:
+                progress(name)
+            talker[name] = ("BF16", _to_bf16(_random_tensor(name, shp, rng)))
+        if model_type == "base":
+            talker.update(_speaker_encoder_tensors(cfg.speaker_encoder, rng))
+        write_safetensors(tmp / "model.safetensors", talker)
+        del talker
+        codec = {name: _random_tensor(name, shp, rng)
+                 for name, shp in expected_codec_decoder_shapes(cfg.codec).items()}
+        # keep the waveform mostly inside [-1, 1]: a small last conv
+        last = max(k for k in codec if k.startswith("decoder.decoder.") and k.endswith("conv.weight"))
+        codec[last] *= 0.05
+        write_safetensors(tmp / "speech_tokenizer" / "model.safetensors", codec)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _speaker_encoder_tensors(sc: dict, rng: np.random.Generator) -> dict:
+    """ECAPA-TDNN speaker encoder weights (Base models), BF16."""
+    ch, ks, att, se = sc["enc_channels"], sc["enc_kernel_sizes"], sc["enc_attention_channels"], sc["enc_se_channels"]
+    scale, mel, out = sc.get("enc_res2net_scale", 8), sc["mel_dim"], sc["enc_dim"]
+    shapes = {"speaker_encoder.blocks.0.conv": (ch[0], mel, ks[0])}
+    for b in (1, 2, 3):
+        p = f"speaker_encoder.blocks.{b}"
+        shapes[f"{p}.tdnn1.conv"] = (ch[b], ch[b - 1], 1)
+        for r in range(scale - 1):
+            shapes[f"{p}.res2net_block.blocks.{r}.conv"] = (ch[b] // scale, ch[b] // scale, ks[b])
+        shapes[f"{p}.tdnn2.conv"] = (ch[b], ch[b], 1)
+        shapes[f"{p}.se_block.conv1"] = (se, ch[b], 1)
+        shapes[f"{p}.se_block.conv2"] = (ch[b], se, 1)
+    shapes["speaker_encoder.mfa.conv"] = (ch[4], ch[1] + ch[2] + ch[3], ks[4])
+    shapes["speaker_encoder.asp.tdnn.conv"] = (att, ch[4] * 3, 1)
+    shapes["speaker_encoder.asp.conv"] = (ch[4], att, 1)
+    shapes["speaker_encoder.fc"] = (out, ch[4] * 2, 1)
+    tensors = {}
+    for name, shp in shapes.items():
+        tensors[f"{name}.weight"] = ("BF16", _to_bf16(_random_tensor(f"{name}.weight", shp, rng)))
+        tensors[f"{name}.bias"] = ("BF16", _to_bf16(_random_tensor(f"{name}.bias", (shp[0],), rng)))
+    return tensors

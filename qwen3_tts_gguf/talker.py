@@ -1,0 +1,177 @@
+"""The talker LM through llama-cpp-python's low-level API: embeddings in, logits + hidden out.
+
+Each stream is one sequence of a single llama.cpp context (unified KV cache), so one
+`llama_decode` steps every active stream together. `llama_get_embeddings_ith` returns the hidden
+state after the final RMSNorm, which is exactly what the code predictor consumes.
+
+CPU note: the default (-march=native) build repacks q8_0 weights into AMX buffers and then crashes
+on any batch of more than one token (shared/docs/runtime-notes.md §2.4). Every prefill and every
+multi-stream step is such a batch, so the extra buffer types are always disabled on the CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_LOG_CALLBACK = None  # llama.cpp keeps a raw pointer: the ctypes callback must stay alive
+
+
+def quiet_llama_logs() -> None:
+    """Route llama.cpp's log output to nowhere (once per process)."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is not None:
+        return
+    import llama_cpp
+
+    _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+
+
+@dataclass(frozen=True)
+class TalkerSettings:
+    """How the talker context is created.
+
+    deterministic: F32 KV cache and flash attention off — the profile in which outputs equal the
+    official implementation to float tolerance and batched steps equal single-stream steps.
+    """
+
+    n_ctx: int = 8192
+    max_streams: int = 8
+    n_batch: int = 512
+    threads: int = 0  # 0: all cores
+    gpu_layers: int = 0  # >0 offloads layers on a CUDA/Vulkan build of llama-cpp-python
+    deterministic: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    """Rows [n, H] to append to stream `seq` starting at position `pos`."""
+
+    seq: int
+    pos: int
+    rows: np.ndarray
+
+
+class TalkerError(RuntimeError):
+    """llama.cpp refused a model or a decode."""
+
+
+class Talker:
+    """A loaded talker GGUF and one llama.cpp context shared by up to `max_streams` streams."""
+
+    def __init__(self, gguf_path: str | Path, settings: TalkerSettings = TalkerSettings()):
+        import llama_cpp as L
+
+        quiet_llama_logs()
+        self._L = L
+        self.settings = settings
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = settings.gpu_layers
+        mp.use_extra_bufts = False  # the AMX/q8_0 multi-token crash; see module docstring
+        self._model = L.llama_model_load_from_file(str(gguf_path).encode(), mp)
+        if not self._model:
+            raise TalkerError(f"llama.cpp could not load the talker {gguf_path}")
+        self.hidden_size = L.llama_model_n_embd(self._model)
+        self.vocab_size = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self._model))
+        cp = L.llama_context_default_params()
+        cp.n_ctx = settings.n_ctx
+        cp.n_batch = cp.n_ubatch = settings.n_batch
+        cp.n_seq_max = settings.max_streams
+        cp.kv_unified = True  # one pool of cells for all streams; needed for sequence copies
+        threads = settings.threads or (os.cpu_count() or 1)
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.embeddings = True
+        cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE
+        if settings.deterministic:
+            cp.type_k = cp.type_v = L.GGML_TYPE_F32
+            cp.flash_attn_type = 0
+        self._ctx = L.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            raise TalkerError("llama.cpp could not create a context for the talker")
+        self._mem = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(settings.n_batch, self.hidden_size, settings.max_streams)
+
+    # -- decoding --------------------------------------------------------------------------
+    def decode(self, items: list[DecodeItem]) -> tuple[np.ndarray, np.ndarray]:
+        """Append each item's rows to its stream; returns (logits [k, V], hidden [k, H]) of each
+        item's last row, in item order. Rows of all items share llama_decode calls."""
+        L, batch, cap = self._L, self._batch, self.settings.n_batch
+        logits = np.empty((len(items), self.vocab_size), np.float32)
+        hidden = np.empty((len(items), self.hidden_size), np.float32)
+        pending: list[tuple[int, int]] = []  # (item index, index within the current batch)
+        n = 0
+        for k, item in enumerate(items):
+            rows = np.ascontiguousarray(item.rows, dtype=np.float32)
+            if rows.ndim != 2 or rows.shape[1] != self.hidden_size or len(rows) == 0:
+                raise ValueError(f"rows must be [n>0, {self.hidden_size}], got {rows.shape}")
+            for r in range(len(rows)):
+                if n == cap:
+                    self._run(n, pending, logits, hidden)
+                    pending, n = [], 0
+                ctypes.memmove(ctypes.addressof(batch.embd.contents) + n * self.hidden_size * 4,
+                               rows[r].ctypes.data, self.hidden_size * 4)
+                batch.pos[n] = item.pos + r
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = item.seq
+                batch.logits[n] = 1
+                if r == len(rows) - 1:
+                    pending.append((k, n))
+                n += 1
+        if n:
+            self._run(n, pending, logits, hidden)
+        return logits, hidden
+
+    def _run(self, n: int, pending, logits: np.ndarray, hidden: np.ndarray) -> None:
+        L = self._L
+        self._batch.n_tokens = n
+        rc = L.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise TalkerError(f"llama_decode failed with code {rc} (context full? n_ctx={self.settings.n_ctx})")
+        for k, i in pending:
+            logits[k] = np.ctypeslib.as_array(L.llama_get_logits_ith(self._ctx, i), shape=(self.vocab_size,))
+            hidden[k] = np.ctypeslib.as_array(L.llama_get_embeddings_ith(self._ctx, i), shape=(self.hidden_size,))
+
+    # -- stream memory ---------------------------------------------------------------------
+    def drop(self, seq: int) -> None:
+        """Free every cell of stream `seq`."""
+        self._L.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def truncate(self, seq: int, pos: int) -> None:
+        """Forget positions >= pos of stream `seq`."""
+        self._L.llama_memory_seq_rm(self._mem, seq, pos, -1)
+
+    def copy(self, src: int, dst: int, end: int = -1) -> None:
+        """Share positions [0, end) of stream `src` with stream `dst` (a cached prefix)."""
+        self._L.llama_memory_seq_cp(self._mem, src, dst, 0, end)
+
+    def length(self, seq: int) -> int:
+        """Number of positions stored for `seq` (0 when empty)."""
+        return int(self._L.llama_memory_seq_pos_max(self._mem, seq)) + 1
+
+    def clear(self) -> None:
+        self._L.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        L = self._L
+        if getattr(self, "_batch", None) is not None:
+            L.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
