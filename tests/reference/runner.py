@@ -42,3 +42,87 @@ def text_rows(path: str | Path, ids: list[int]) -> np.ndarray:
     with torch.no_grad():
         emb = talker.model.text_embedding(torch.tensor([ids]))
         return talker.text_projection(emb)[0].numpy()
+
+
+def official_generate(path: str | Path, text: str, *, speaker: str | None = None, language: str = "Auto",
+                      instruct: str | None = None, non_streaming: bool = True, frames: int = 40,
+                      ignore_eos: bool = True, greedy: bool = True, **sampling) -> tuple[np.ndarray, np.ndarray]:
+    """Official generate_custom_voice / generate_voice_design: (codes [T, 16], wav).
+
+    With ignore_eos the EOS id is moved out of reach (reference-harness.md §3.1), so exactly
+    `frames` frames come out (max_new_tokens = frames + 1: the last code0 is discarded).
+    """
+    import torch
+
+    tts = load_official(str(path))
+    model = tts.model
+    captured = {}
+    original_generate = model.generate
+
+    def capture(*args, **kwargs):
+        codes, hiddens = original_generate(*args, **kwargs)
+        captured["codes"] = codes[0].numpy().copy()
+        return codes, hiddens
+
+    eos = model.config.talker_config.codec_eos_token_id
+    if ignore_eos:
+        model.config.talker_config.codec_eos_token_id = 10**6
+    model.generate = capture
+    try:
+        kwargs = dict(max_new_tokens=frames + 1, non_streaming_mode=non_streaming, language=language,
+                      do_sample=not greedy, subtalker_dosample=not greedy, **sampling)
+        with torch.no_grad():
+            if model.tts_model_type == "voice_design":
+                wavs, _ = tts.generate_voice_design(text=text, instruct=instruct or "", **kwargs)
+            else:
+                wavs, _ = tts.generate_custom_voice(text=text, speaker=speaker, instruct=instruct, **kwargs)
+    finally:
+        model.generate = original_generate
+        model.config.talker_config.codec_eos_token_id = eos
+    return captured["codes"], np.asarray(wavs[0], np.float32)
+
+
+def official_decode(path: str | Path, codes: np.ndarray) -> np.ndarray:
+    """The official `decoder.forward` on a whole utterance of codes [T, 16] -> wav [T * 1920]."""
+    import torch
+
+    decoder = load_official(str(path)).model.speech_tokenizer.model.decoder
+    with torch.no_grad():
+        wav = decoder(torch.from_numpy(np.asarray(codes, np.int64).T[None]))
+    return wav[0, 0].numpy()
+
+
+class _Captured(Exception):
+    pass
+
+
+def official_prompt(path: str | Path, text: str, *, speaker: str | None = None, language: str = "Auto",
+                    instruct: str | None = None, non_streaming: bool = True):
+    """The official talker prefill rows and trailing text rows: (rows [L, H], trailing [M, H], pad [H])."""
+    import torch
+
+    tts = load_official(str(path))
+    talker = tts.model.talker
+    captured = {}
+    original = talker.generate
+
+    def capture(*args, **kwargs):
+        captured["rows"] = kwargs["inputs_embeds"][0].numpy().copy()
+        captured["trailing"] = kwargs["trailing_text_hidden"][0].numpy().copy()
+        captured["pad"] = kwargs["tts_pad_embed"].reshape(-1).numpy().copy()
+        raise _Captured
+
+    talker.generate = capture
+    try:
+        with torch.no_grad():
+            if tts.model.tts_model_type == "voice_design":
+                tts.generate_voice_design(text=text, instruct=instruct or "", language=language,
+                                          non_streaming_mode=non_streaming)
+            else:
+                tts.generate_custom_voice(text=text, speaker=speaker, instruct=instruct, language=language,
+                                          non_streaming_mode=non_streaming)
+    except _Captured:
+        pass
+    finally:
+        talker.generate = original
+    return captured["rows"], captured["trailing"], captured["pad"]

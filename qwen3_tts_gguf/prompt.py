@@ -1,0 +1,141 @@
+"""The talker prompt, row for row as the official `generate` builds it (model notes §3).
+
+A prompt is a list of input rows (width H) for the prefill, plus `trailing` text rows that are
+added to the frame embeddings of the first decode steps (streaming text mode), and the `<tts_pad>`
+row used once they run out. Rows are sums of a text part (E_txt) and a codec part (C):
+
+    [instruction rows]                      text only, when the model takes an instruction
+    role rows  <|im_start|> assistant \\n    text only
+    tag rows   PAD + C(tag)...  [PAD + S]    S = named speaker (CustomVoice) or x-vector (Base)
+               BOS + C(codec_pad)
+    body       non-streaming: E_txt(t) + C(pad) for every token, EOS + C(pad), PAD + C(codec_bos)
+               streaming:     E_txt(t0) + C(codec_bos); trailing = E_txt(t1..) ++ EOS
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .embeddings import EmbeddingTables
+from .manifest import Manifest
+from .tokenizer import TextTokenizer
+
+TEXT_MODES = ("non-streaming", "streaming")
+
+
+class PromptError(ValueError):
+    """A request the model cannot take (unknown speaker or language, empty text, ...)."""
+
+
+@dataclass(frozen=True)
+class VoiceSpec:
+    """Who speaks and how: a named speaker, an x-vector, an instruction, a language."""
+
+    speaker: str | None = None  # CustomVoice speaker name
+    speaker_embedding: np.ndarray | None = None  # Base x-vector [H]
+    instruct: str | None = None
+    language: str = "auto"
+
+
+@dataclass
+class Prompt:
+    rows: np.ndarray  # [L, H] prefill rows
+    trailing: np.ndarray  # [M, H] text rows added to decode steps 0..M-1
+    pad_row: np.ndarray  # [H] text part of every later decode step
+    text_tokens: int  # number of text tokens of the body (usage accounting)
+
+
+def resolve_language(manifest: Manifest, voice: VoiceSpec) -> int | None:
+    """The codec language id of the tag rows (None = auto/nothink), with the dialect override."""
+    language = (voice.language or "auto").lower()
+    if language != "auto" and (language not in manifest.languages or "dialect" in language):
+        valid = ["auto"] + sorted(k for k in manifest.languages if "dialect" not in k)
+        raise PromptError(f"unknown language {voice.language!r}; valid: {', '.join(valid)}")
+    language_id = None if language == "auto" else manifest.languages[language]
+    if voice.speaker is not None and language in ("chinese", "auto"):
+        dialect = manifest.speakers[voice.speaker.lower()]["dialect"]
+        if dialect:
+            language_id = manifest.languages[dialect]
+    return language_id
+
+
+def check_speaker(manifest: Manifest, speaker: str | None) -> str | None:
+    """Normalise a speaker name; raises PromptError listing the valid ones."""
+    if speaker is None or speaker == "":
+        return None
+    if not manifest.speakers:
+        raise PromptError(f"model {manifest.name} ({manifest.model_type}) has no named speakers")
+    if speaker.lower() not in manifest.speakers:
+        raise PromptError(f"unknown speaker {speaker!r}; valid: {', '.join(manifest.speakers)}")
+    return speaker.lower()
+
+
+class PromptBuilder:
+    """Builds prompts for one converted model."""
+
+    def __init__(self, manifest: Manifest, tokenizer: TextTokenizer, tables: EmbeddingTables):
+        self.manifest = manifest
+        self.tokenizer = tokenizer
+        self.tables = tables
+        ids = manifest.text_ids
+        self.pad_row, self.bos_row, self.eos_row = tables.text_rows([ids["tts_pad"], ids["tts_bos"], ids["tts_eos"]])
+
+    def text_ids(self, text: str) -> list[int]:
+        """Body token ids, sliced from the official assistant template (ids[3:-5])."""
+        ids = self.tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        return ids[3:-5]
+
+    def role_ids(self) -> list[int]:
+        return self.tokenizer.encode("<|im_start|>assistant\n")[:3]
+
+    def instruct_ids(self, instruct: str) -> list[int]:
+        return self.tokenizer.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")
+
+    def prefix_rows(self, voice: VoiceSpec) -> np.ndarray:
+        """The text-independent rows: instruction, role, tags, speaker, BOS + codec_pad."""
+        m, c = self.manifest, self.manifest.codec_ids
+        speaker = check_speaker(m, voice.speaker)
+        language_id = resolve_language(m, VoiceSpec(speaker=speaker, language=voice.language))
+        if language_id is None:
+            tags = [c["nothink"], c["think_bos"], c["think_eos"]]
+        else:
+            tags = [c["think"], c["think_bos"], language_id, c["think_eos"]]
+        codec = list(self.tables.codec_rows(tags))
+        if speaker is not None:
+            codec.append(self.tables.codec_rows([m.speakers[speaker]["id"]])[0])
+        elif voice.speaker_embedding is not None:
+            emb = np.asarray(voice.speaker_embedding, np.float32).reshape(-1)
+            if emb.shape[0] != self.tables.hidden_size:
+                raise PromptError(f"speaker embedding has width {emb.shape[0]}, model needs {self.tables.hidden_size}")
+            codec.append(emb)
+        codec.append(self.tables.codec_rows([c["pad"]])[0])
+        text = [self.pad_row] * (len(codec) - 1) + [self.bos_row]
+        parts = []
+        if voice.instruct and m.instruct_supported:
+            parts.append(self.tables.text_rows(self.instruct_ids(voice.instruct)))
+        parts.append(self.tables.text_rows(self.role_ids()))
+        parts.append(np.stack(text) + np.stack(codec))
+        return np.concatenate(parts).astype(np.float32)
+
+    def build(self, text: str, voice: VoiceSpec, text_mode: str) -> Prompt:
+        """The full prompt for `text` in `text_mode` ("non-streaming" | "streaming")."""
+        if text_mode not in TEXT_MODES:
+            raise PromptError(f"unknown text mode {text_mode!r}; choose non-streaming or streaming")
+        body = self.text_ids(text)
+        if not text.strip() or not body:
+            raise PromptError("input text is empty")
+        prefix = self.prefix_rows(voice)
+        c = self.manifest.codec_ids
+        codec_pad, codec_bos = self.tables.codec_rows([c["pad"], c["bos"]])
+        body_rows = self.tables.text_rows(body)
+        if text_mode == "non-streaming":
+            rows = np.concatenate([prefix, body_rows + codec_pad, (self.eos_row + codec_pad)[None],
+                                   (self.pad_row + codec_bos)[None]])
+            trailing = np.zeros((0, prefix.shape[1]), np.float32)
+        else:
+            rows = np.concatenate([prefix, (body_rows[0] + codec_bos)[None]])
+            trailing = np.concatenate([body_rows[1:], self.eos_row[None]])
+        return Prompt(rows=rows.astype(np.float32), trailing=trailing.astype(np.float32),
+                      pad_row=self.pad_row, text_tokens=len(body))
