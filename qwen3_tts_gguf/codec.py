@@ -1,0 +1,95 @@
+"""Streaming codec decoding at run time: codes -> 24 kHz waveform through the stateful ONNX graph.
+
+The graph (built by `convert.codec_graph`) carries every bit of history as explicit state tensors,
+so decoding frames in any chunking gives the whole-utterance waveform. A `CodecState` holds those
+tensors for a batch of streams; `stack_states` / `split_states` move streams in and out of a batch
+so the engine can decode several streams in one call.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .onnx_session import make_session
+
+
+@dataclass
+class CodecState:
+    """Decoder state of B streams: name -> array [B, ...] (`pos` is int64 [B], frames decoded)."""
+
+    tensors: dict[str, np.ndarray]
+
+    @property
+    def batch(self) -> int:
+        return int(self.tensors["pos"].shape[0])
+
+    @property
+    def pos(self) -> np.ndarray:
+        return self.tensors["pos"]
+
+
+def stack_states(states: list[CodecState]) -> CodecState:
+    """Concatenate the streams of several states (in order) into one batch."""
+    if not states:
+        raise ValueError("stack_states needs at least one state")
+    return CodecState({k: np.concatenate([s.tensors[k] for s in states]) for k in states[0].tensors})
+
+
+def split_states(state: CodecState) -> list[CodecState]:
+    """One single-stream state per row of a batched state."""
+    return [CodecState({k: v[i : i + 1].copy() for k, v in state.tensors.items()}) for i in range(state.batch)]
+
+
+class CodecDecoder:
+    """The codec decoder ONNX graph behind an ONNX Runtime session."""
+
+    def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu"):
+        self.session = make_session(path, threads=threads, device=device)
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.state_specs: list[tuple[str, tuple[int, ...], np.dtype]] = [
+            (d["name"], tuple(d["shape"]), np.dtype(d["dtype"])) for d in json.loads(meta["states"])
+        ]
+        self.samples_per_frame = int(meta.get("samples_per_frame", 1920))
+        self.sample_rate = int(meta.get("sample_rate", 24000))
+        self.num_quantizers = int(meta.get("num_quantizers", 16))
+        self.codebook_size = int(meta.get("codebook_size", 2048))
+        self._outputs = ["wav"] + [f"out_{name}" for name, _, _ in self.state_specs]
+
+    def new_state(self, batch: int = 1) -> CodecState:
+        """Zero state for `batch` fresh streams."""
+        return CodecState({name: np.zeros((batch, *shape), dtype) for name, shape, dtype in self.state_specs})
+
+    def decode(self, codes: np.ndarray, state: CodecState | None = None) -> tuple[np.ndarray, CodecState]:
+        """Decode N new frames per stream.
+
+        codes: [B, N, 16] (or [N, 16] for one stream) integer codes < codebook_size; negatives
+        (padding) count as 0, as in the official wrapper.
+        Returns wav float32 [B, N*samples_per_frame] (or [N*samples_per_frame]) and the new state;
+        the given state is not modified."""
+        codes = np.asarray(codes)
+        single = codes.ndim == 2
+        if single:
+            codes = codes[None]
+        if codes.ndim != 3 or codes.shape[2] != self.num_quantizers or codes.shape[1] < 1:
+            raise ValueError(f"codes must be [B, N>=1, {self.num_quantizers}] or [N, {self.num_quantizers}], "
+                             f"got {list(codes.shape)}")
+        if codes.size and codes.max() >= self.codebook_size:
+            raise ValueError(f"codes must be < {self.codebook_size}, got {int(codes.max())}")
+        state = state if state is not None else self.new_state(codes.shape[0])
+        if state.batch != codes.shape[0]:
+            raise ValueError(f"codes have {codes.shape[0]} streams but the state has {state.batch}")
+        feeds = {"codes": codes.astype(np.int64, copy=False)}
+        feeds.update({f"in_{name}": array for name, array in state.tensors.items()})
+        wav, *new = self.session.run(self._outputs, feeds)
+        new_state = CodecState({name: array for (name, _, _), array in zip(self.state_specs, new)})
+        wav = wav.astype(np.float32, copy=False)
+        return (wav[0] if single else wav), new_state
+
+    def decode_all(self, codes: np.ndarray) -> np.ndarray:
+        """Whole-utterance decode of codes [T, 16] from a fresh state: wav float32 [T*samples_per_frame]."""
+        wav, _ = self.decode(codes)
+        return wav

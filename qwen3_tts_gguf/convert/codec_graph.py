@@ -1,0 +1,302 @@
+"""The 12 Hz codec decoder (code2wav) as one stateful, streaming ONNX graph.
+
+Feeding frames in any chunking gives the same waveform as the official whole-utterance
+`Qwen3TTSTokenizerV2Decoder.forward` (exact in fp64; fp32 rounding noise otherwise), because every
+piece of history the decoder looks back at is carried explicitly between calls.
+
+Inputs: `codes` int64 [B, N, 16], `in_pos` int64 [B] (frames already decoded per stream) and
+`in_<state>` for each state below. Outputs: `wav` float [B, N*1920] clamped to [-1, 1],
+`out_pos` = in_pos + N and `out_<state>`. B and N are dynamic; rows may sit at different positions,
+but every row decodes the same N frames in one call. Negative codes (padding) are clamped to 0
+like the official wrapper; codes >= codebook_size are the caller's to refuse (the graph would fail
+on the last codebook but silently read the next table on the others).
+
+State layout (batch axis first, all zero-initialised; names and per-stream shapes are also in
+metadata_props["states"] as JSON, pos included):
+
+| state              | per-stream shape            | what it holds                                       |
+|--------------------|-----------------------------|-----------------------------------------------------|
+| pos                | [] (int64)                  | frames decoded so far                               |
+| pre_conv           | [codebook_dim, 2]           | last k-1 input columns of the causal k3 conv        |
+| k{i}, v{i}         | [heads, W-1, head_dim]      | last W-1 post-RoPE keys / values of layer i         |
+| up{j}_dw           | [latent, 6]                 | ConvNeXt depthwise k7 history (upsample stage j)    |
+| dec0               | [latent, 6]                 | decoder.0 k7 conv history                           |
+| b{n}_tc            | [C_in, 1]                   | previous (post-Snake) input column of the block's   |
+|                    |                             | transposed conv (k=2r, stride r)                    |
+| b{n}_ru{u}         | [C, 6*d], d = 1, 3, 9       | residual unit u's dilated k7 conv history           |
+| final              | [C_last, 6]                 | last k7 conv history                                |
+
+The KV state has a fixed length W-1 (W = sliding_window); which slots are real is derived from
+`pos`: slot j of Concat(cache, new) sits at absolute frame pos-(W-1)+j and is visible to query
+frame q iff 0 <= kpos, kpos <= q and kpos > q-W. The k=s upsampling transposed convs need no state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import onnx
+
+from ..checkpoint import Checkpoint
+from .onnx_builder import GraphBuilder
+
+INT_MAX = np.iinfo(np.int64).max
+NUM_CODEBOOKS_SEMANTIC = 1
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One streaming state tensor: graph I/O `in_<name>` / `out_<name>`, shape [B, *shape]."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name
+
+
+class _CodecBuilder:
+    def __init__(self, ckpt: Checkpoint, float_type):
+        self.g = GraphBuilder("qwen3_tts_codec_decoder", float_type)
+        self.cfg = ckpt.config.codec
+        self.weights = ckpt.codec_weights
+        self.float_name = np.dtype(float_type).name
+        self.states: list[StateSpec] = []
+        self.new_states: dict[str, str] = {}
+
+    # -- helpers ---------------------------------------------------------------------------
+    def w(self, name: str) -> np.ndarray:
+        return np.asarray(self.weights["decoder." + name], dtype=np.float32)
+
+    def init(self, name: str, array: np.ndarray | None = None) -> str:
+        """The checkpoint tensor `decoder.<name>` (or `array`) as an initializer."""
+        return self.g.weight("decoder." + name, self.w(name) if array is None else array)
+
+    def state(self, name: str, shape: tuple[int, ...], dtype=None) -> str:
+        dtype = dtype or self.g.float_type
+        self.states.append(StateSpec(name, tuple(int(s) for s in shape), np.dtype(dtype).name))
+        return self.g.input(f"in_{name}", "float" if dtype is self.g.float_type else dtype, ["B", *shape])
+
+    def tail(self, x: str, n: int, axis: int) -> str:
+        """The last n entries of x along axis."""
+        g = self.g
+        return g.op("Slice", x, g.const([-n]), g.const([INT_MAX]), g.const([axis]))
+
+    def slice(self, x: str, start: int, end: int, axis: int) -> str:
+        g = self.g
+        return g.op("Slice", x, g.const([start]), g.const([end]), g.const([axis]))
+
+    def snake(self, x: str, prefix: str) -> str:
+        """SnakeBeta on [B, C, L]: x + 1/(exp(beta)+1e-9) * sin(exp(alpha)*x)^2 (log-space params)."""
+        ft = self.g.float_type
+        alpha = np.exp(self.w(prefix + ".alpha").astype(ft))
+        inv_beta = 1.0 / (np.exp(self.w(prefix + ".beta").astype(ft)) + ft(1e-9))
+        a = self.init(prefix + ".alpha_exp", alpha.reshape(1, -1, 1))
+        b = self.init(prefix + ".beta_inv", inv_beta.reshape(1, -1, 1))
+        s = self.g.op("Sin", self.g.op("Mul", x, a))
+        return self.g.op("Add", x, self.g.op("Mul", self.g.op("Mul", s, s), b))
+
+    def causal_conv(self, x: str, prefix: str, state: str | None, *, dilation: int = 1, groups: int = 1) -> str:
+        """Causal Conv1d on [B, C, L]: the last (k-1)*d input columns of the previous call are prepended."""
+        weight = self.w(prefix + ".conv.weight")
+        hist = (weight.shape[-1] - 1) * dilation
+        args = (self.init(prefix + ".conv.weight"), self.init(prefix + ".conv.bias"))
+        if hist:
+            h = self.state(state, (weight.shape[1] * groups, hist))
+            x = self.g.op("Concat", h, x, axis=2)
+            self.new_states[state] = self.tail(x, hist, axis=2)
+        return self.g.op("Conv", x, *args, dilations=[dilation], group=groups)
+
+    def trans_conv(self, x: str, prefix: str, stride: int, state: str) -> str:
+        """Causal ConvTranspose1d (official: no padding, drop the last k-s samples) on [B, C, L].
+
+        Keeps the previous ceil(k/s)-1 input columns; ConvTranspose over [prev, x] and keep the N*s
+        samples that belong to this call's columns. The zero initial columns add nothing (the bias
+        is added once per output sample by the op itself)."""
+        weight = self.w(prefix + ".conv.weight")  # [C_in, C_out, k], already ONNX's layout
+        k = weight.shape[-1]
+        keep = -(-k // stride) - 1
+        if keep:
+            h = self.state(state, (weight.shape[0], keep))
+            x = self.g.op("Concat", h, x, axis=2)
+            self.new_states[state] = self.tail(x, keep, axis=2)
+        y = self.g.op("ConvTranspose", x, self.init(prefix + ".conv.weight"), self.init(prefix + ".conv.bias"),
+                      strides=[stride])
+        drop = k - stride
+        if keep or drop:
+            y = self.slice(y, keep * stride, -drop if drop else INT_MAX, axis=2)
+        return y
+
+    def linear(self, x: str, prefix: str, bias: bool = True) -> str:
+        w = self.w(prefix + ".weight")
+        b = self.w(prefix + ".bias") if bias else None
+        return self.g.linear(x, w, b, "decoder." + prefix)
+
+    # -- stages ----------------------------------------------------------------------------
+    def dequantize(self, codes: str) -> str:
+        """RVQ lookup: [B, N, 16] codes -> [B, N, codebook_dim]; output_proj folded to MatMuls."""
+        g, ft = self.g, self.g.float_type
+
+        def table(prefix: str) -> np.ndarray:
+            s = self.w(prefix + "._codebook.embedding_sum").astype(ft)
+            usage = self.w(prefix + "._codebook.cluster_usage").astype(ft)
+            return s / np.maximum(usage, ft(1e-5))[:, None]
+
+        n_sem, n_q, size = NUM_CODEBOOKS_SEMANTIC, self.cfg.num_quantizers, self.cfg.codebook_size
+        first = table("quantizer.rvq_first.vq.layers.0")
+        rest = np.concatenate([table(f"quantizer.rvq_rest.vq.layers.{i}") for i in range(n_q - n_sem)])
+        offsets = g.const(np.arange(n_q - n_sem, dtype=np.int64) * size)
+        e_first = g.op("Gather", self.init("quantizer.rvq_first.codebook", first),
+                       self.slice(codes, 0, n_sem, axis=2), axis=0)  # [B, N, 1, d]
+        e_rest = g.op("Gather", self.init("quantizer.rvq_rest.codebooks", rest),
+                      g.op("Add", self.slice(codes, n_sem, n_q, axis=2), offsets), axis=0)
+        sums = [g.op("ReduceSum", e, g.const([2]), keepdims=0) for e in (e_first, e_rest)]
+        projected = [
+            g.op("MatMul", s, self.init(f"quantizer.{q}.output_proj.weight_t",
+                                        np.ascontiguousarray(self.w(f"quantizer.{q}.output_proj.weight")[:, :, 0].T)))
+            for s, q in zip(sums, ("rvq_first", "rvq_rest"))
+        ]
+        return g.op("Add", *projected)
+
+    def positions(self, pos: str, n: str):
+        """RoPE cos/sin [B, 1, N, head_dim] and the sliding-window mask [B, 1, N, W-1+N]."""
+        g, cfg = self.g, self.cfg
+        W, hd = cfg.sliding_window, cfg.head_dim
+        i = g.op("Range", g.const(0), n, g.const(1))
+        j = g.op("Range", g.const(0), g.op("Add", n, g.const(W - 1)), g.const(1))
+        pos_col = g.op("Unsqueeze", pos, g.const([1]))  # [B, 1]
+        qpos = g.op("Add", pos_col, g.op("Unsqueeze", i, g.const([0])))  # [B, N]
+        kpos = g.op("Add", g.op("Sub", pos_col, g.const([[W - 1]])), g.op("Unsqueeze", j, g.const([0])))  # [B, L]
+        q4 = g.op("Unsqueeze", qpos, g.const([1, 3]))  # [B, 1, N, 1]
+        k4 = g.op("Unsqueeze", kpos, g.const([1, 2]))  # [B, 1, 1, L]
+        valid = g.op("And", g.op("And", g.op("GreaterOrEqual", k4, g.const(0)), g.op("LessOrEqual", k4, q4)),
+                     g.op("Greater", k4, g.op("Sub", q4, g.const(W))))
+        # inv_freq exactly as torch computes it (fp32), so fp32 angles round like the reference
+        exponents = np.arange(0, hd, 2).astype(np.float32) / np.float32(hd)
+        inv_freq = np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponents)
+        freqs = g.op("Mul", g.op("Unsqueeze", g.op("Cast", qpos, to=g.float_elem), g.const([2])), g.const(inv_freq))
+        emb = g.op("Unsqueeze", g.op("Concat", freqs, freqs, axis=2), g.const([1]))  # [B, 1, N, hd]
+        return g.op("Cos", emb), g.op("Sin", emb), valid
+
+    def rope(self, x: str, cos: str, sin: str) -> str:
+        half = self.cfg.head_dim // 2
+        x1, x2 = self.slice(x, 0, half, axis=3), self.slice(x, half, INT_MAX, axis=3)
+        rotated = self.g.op("Concat", self.g.op("Neg", x2), x1, axis=3)
+        return self.g.op("Add", self.g.op("Mul", x, cos), self.g.op("Mul", rotated, sin))
+
+    def attention(self, x: str, layer: int, cos: str, sin: str, valid: str) -> str:
+        g, cfg = self.g, self.cfg
+        p = f"pre_transformer.layers.{layer}.self_attn"
+        hd, W, heads = cfg.head_dim, cfg.sliding_window, cfg.num_heads  # kv heads == heads (Checkpoint checks)
+
+        def split_heads(y: str) -> str:  # [B, N, h*hd] -> [B, h, N, hd]
+            return g.op("Transpose", g.op("Reshape", y, g.const([0, 0, -1, hd])), perm=[0, 2, 1, 3])
+
+        q = self.rope(split_heads(self.linear(x, p + ".q_proj", bias=False)), cos, sin)
+        k = self.rope(split_heads(self.linear(x, p + ".k_proj", bias=False)), cos, sin)
+        v = split_heads(self.linear(x, p + ".v_proj", bias=False))
+        kv = []
+        for name, new in ((f"k{layer}", k), (f"v{layer}", v)):
+            cache = self.state(name, (heads, W - 1, hd))
+            full = g.op("Concat", cache, new, axis=2)  # [B, heads, W-1+N, hd]
+            self.new_states[name] = self.tail(full, W - 1, axis=2)
+            kv.append(full)
+        scores = g.op("Mul", g.op("MatMul", q, g.op("Transpose", kv[0], perm=[0, 1, 3, 2])), g.const(hd ** -0.5))
+        probs = g.op("Softmax", g.op("Where", valid, scores, g.const(-np.inf)), axis=-1)
+        out = g.op("Transpose", g.op("MatMul", probs, kv[1]), perm=[0, 2, 1, 3])
+        out = g.op("Reshape", out, g.const([0, 0, heads * hd]))
+        return self.linear(out, p + ".o_proj", bias=False)
+
+    def transformer(self, x: str, pos: str, n: str) -> str:
+        """[B, N, latent] -> [B, N, latent]: input_proj, sliding-window layers, norm, output_proj."""
+        g, cfg = self.g, self.cfg
+        cos, sin, valid = self.positions(pos, n)
+        h = self.linear(x, "pre_transformer.input_proj")
+        for i in range(cfg.num_layers):
+            p = f"pre_transformer.layers.{i}"
+            a = self.attention(g.rms_norm(h, self.w(p + ".input_layernorm.weight"), cfg.rms_norm_eps,
+                                          f"decoder.{p}.input_layernorm.weight"), i, cos, sin, valid)
+            h = g.op("Add", h, g.op("Mul", a, self.init(p + ".self_attn_layer_scale.scale")))
+            m = g.rms_norm(h, self.w(p + ".post_attention_layernorm.weight"), cfg.rms_norm_eps,
+                           f"decoder.{p}.post_attention_layernorm.weight")
+            m = self.linear(g.op("Mul", g.silu(self.linear(m, p + ".mlp.gate_proj", bias=False)),
+                                 self.linear(m, p + ".mlp.up_proj", bias=False)), p + ".mlp.down_proj", bias=False)
+            h = g.op("Add", h, g.op("Mul", m, self.init(p + ".mlp_layer_scale.scale")))
+        h = g.rms_norm(h, self.w("pre_transformer.norm.weight"), cfg.rms_norm_eps,
+                       "decoder.pre_transformer.norm.weight")
+        return self.linear(h, "pre_transformer.output_proj")
+
+    def convnext(self, x: str, prefix: str, state: str) -> str:
+        """ConvNeXt block on [B, C, L]: causal depthwise k7, LayerNorm, MLP with exact GELU, gamma, residual."""
+        g = self.g
+        channels = self.w(prefix + ".dwconv.conv.weight").shape[0]
+        y = self.causal_conv(x, prefix + ".dwconv", state, groups=channels)
+        y = g.op("Transpose", y, perm=[0, 2, 1])
+        y = g.op("LayerNormalization", y, self.init(prefix + ".norm.weight"), self.init(prefix + ".norm.bias"),
+                 axis=-1, epsilon=1e-6)
+        y = self.linear(y, prefix + ".pwconv1")
+        y = g.op("Mul", g.op("Mul", y, g.const(0.5)),
+                 g.op("Add", g.op("Erf", g.op("Mul", y, g.const(1 / np.sqrt(2)))), g.const(1.0)))
+        y = g.op("Mul", self.linear(y, prefix + ".pwconv2"), self.init(prefix + ".gamma"))
+        return g.op("Add", x, g.op("Transpose", y, perm=[0, 2, 1]))
+
+    def decoder_block(self, x: str, n: int, rate: int) -> str:
+        p = f"decoder.{n + 1}.block"
+        x = self.trans_conv(self.snake(x, p + ".0"), p + ".1", rate, f"b{n}_tc")
+        for u, dilation in enumerate((1, 3, 9)):
+            q = f"{p}.{u + 2}"
+            y = self.causal_conv(self.snake(x, q + ".act1"), q + ".conv1", f"b{n}_ru{u}", dilation=dilation)
+            y = self.causal_conv(self.snake(y, q + ".act2"), q + ".conv2", None)
+            x = self.g.op("Add", x, y)
+        return x
+
+    # -- whole graph -----------------------------------------------------------------------
+    def build(self) -> onnx.ModelProto:
+        g, cfg = self.g, self.cfg
+        codes = g.input("codes", np.int64, ["B", "N", cfg.num_quantizers])
+        pos = self.state("pos", (), np.int64)
+        n = g.op("Gather", g.op("Shape", codes), g.const(1), axis=0)  # scalar N
+
+        z = self.dequantize(g.op("Max", codes, g.const(0)))  # [B, N, codebook_dim]
+        h = self.causal_conv(g.op("Transpose", z, perm=[0, 2, 1]), "pre_conv", "pre_conv")
+        h = self.transformer(g.op("Transpose", h, perm=[0, 2, 1]), pos, n)
+        h = g.op("Transpose", h, perm=[0, 2, 1])  # [B, latent, N]
+        for j, factor in enumerate(cfg.upsampling_ratios):
+            h = self.trans_conv(h, f"upsample.{j}.0", factor, f"up{j}_tc")
+            h = self.convnext(h, f"upsample.{j}.1", f"up{j}_dw")
+        h = self.causal_conv(h, "decoder.0", "dec0")
+        for n_block, rate in enumerate(cfg.upsample_rates):
+            h = self.decoder_block(h, n_block, rate)
+        last = len(cfg.upsample_rates) + 1
+        h = self.snake(h, f"decoder.{last}")
+        h = self.causal_conv(h, f"decoder.{last + 1}", "final")  # [B, 1, N*upsample]
+        wav = g.op("Reshape", g.op("Clip", h, g.const(-1.0), g.const(1.0)), g.const([0, -1]))
+        self.new_states["pos"] = g.op("Add", pos, n)
+
+        g.output(wav, "wav", "float", ["B", "S"])
+        for spec in self.states:
+            g.output(self.new_states[spec.name], f"out_{spec.name}",
+                     "float" if spec.dtype == self.float_name else np.dtype(spec.dtype), ["B", *spec.shape])
+        metadata = {
+            "states": json.dumps([asdict(s) for s in self.states]),
+            "samples_per_frame": str(cfg.samples_per_frame),
+            "sample_rate": str(cfg.sample_rate),
+            "num_quantizers": str(cfg.num_quantizers),
+            "codebook_size": str(cfg.codebook_size),
+            "sliding_window": str(cfg.sliding_window),
+        }
+        return g.model(metadata, doc="Qwen3-TTS 12 Hz codec decoder, stateful streaming (see codec_graph.py)")
+
+
+def build_codec_decoder(ckpt: Checkpoint, float_type=np.float32) -> onnx.ModelProto:
+    """The streaming codec decoder of `ckpt` as an opset-17 ONNX model (weights embedded).
+
+    float_type np.float64 builds the same graph in double precision (for `onnx.reference`;
+    ONNX Runtime's CPU provider has no double Conv)."""
+    return _CodecBuilder(ckpt, float_type).build()
+
+
+def state_specs(model: onnx.ModelProto) -> list[StateSpec]:
+    """The state tensors recorded in a built model's metadata (pos first)."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    return [StateSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in json.loads(meta["states"])]
