@@ -90,11 +90,11 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
     started = time.monotonic()
     try:
         def stage(label: str) -> None:
-            bar.set_postfix_str(label)
+            bar.set_postfix_str(label, refresh=False)
 
         stage("talker")
         write_talker_gguf(ckpt, tmp / TALKER_FILE, quant, name=name, threads=threads,
-                          progress=lambda t: bar.set_postfix_str(f"talker {t}"))
+                          progress=lambda t: bar.set_postfix_str(f"talker {t}", refresh=False))
         bar.update()
         stage("text tables")
         write_text_tables(ckpt, tmp / TEXT_TABLES)

@@ -1,0 +1,228 @@
+"""The code predictor (codebooks 1..15 of a frame) as one ONNX graph, sampling included.
+
+One call = one frame: the 15 autoregressive steps are unrolled, each step attends to the K/V
+rows of the steps before it (a KV cache held as graph values, at most 16 rows; positions restart
+at 0 every frame), and each step samples its code inside the graph (`qwen3_tts_gguf.sampler`
+documents the semantics; `sampler.sample` is the numpy twin of `_sample` below).
+
+Inputs (B dynamic): hidden f[B,H] (talker post-norm hidden state that produced code0),
+code0 i64[B], rand f[B,15] (one uniform [0,1) per step), temperature f[B], top_k i64[B] (0 = off),
+top_p f[B], greedy bool[B] (argmax of the raw logits; temperature/top-k/top-p then unused).
+Outputs: codes i64[B,15] (codebooks 1..15), frame_embedding f[B,H] (talker codec_embedding[code0]
++ the 15 code-predictor embeddings of codes 1..15: the next talker input row minus its text part),
+logits f[B,15,V] (raw lm_head logits of each step).
+Teacher-forced variant (tests): also forced_codes i64[B,15], which replace the drawn codes as the
+step inputs and in frame_embedding; `codes` still reports each step's draw.
+Cost: sampling sorts only the head of each row, but a sampling row with top-k off (0) makes
+the whole batch sort the full vocabulary at every step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..checkpoint import Checkpoint
+from .onnx_builder import GraphBuilder
+
+NUM_STEPS = 15  # codebooks 1..15
+INPUTS = ("hidden", "code0", "rand", "temperature", "top_k", "top_p", "greedy")
+
+
+def rope_tables(head_dim: int, theta: float, positions: np.ndarray, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """NeoX cos/sin [len(positions), head_dim] computed like HF (in `dtype`)."""
+    inv_freq = (1.0 / (dtype(theta) ** (np.arange(0, head_dim, 2, dtype=dtype) / dtype(head_dim)))).astype(dtype)
+    freqs = positions.astype(dtype)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb).astype(dtype), np.sin(emb).astype(dtype)
+
+
+class _Stack:
+    """Builds Qwen3 decoder layers whose weights are registered once and shared by every step."""
+
+    def __init__(self, b: GraphBuilder, weights, prefix: str, cfg):
+        self.b, self.w, self.prefix, self.cfg = b, weights, prefix, cfg
+        self._names: dict[str, str] = {}
+
+    def param(self, name: str, transpose: bool = False) -> str:
+        if name not in self._names:
+            arr = np.asarray(self.w[name])
+            self._names[name] = self.b.weight(name, np.ascontiguousarray(arr.T) if transpose else arr)
+        return self._names[name]
+
+    def matmul(self, x: str, name: str) -> str:
+        """x @ W.T for a Linear weight `name` [out, in]."""
+        return self.b.op("MatMul", x, self.param(name, transpose=True))
+
+    def rms_norm(self, x: str, name: str) -> str:
+        b = self.b
+        ms = b.op("ReduceMean", b.op("Mul", x, x), axes=[-1], keepdims=1)
+        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(self.cfg.rms_norm_eps))))
+        return b.op("Mul", b.op("Mul", x, inv), self.param(name))
+
+    def rope(self, x: str, cos: str, sin: str) -> str:
+        b, half = self.b, self.cfg.head_dim // 2
+        x1, x2 = b.op("Split", x, b.const([half, half]), axis=-1, outputs=2)
+        rotated = b.op("Concat", b.op("Neg", x2), x1, axis=-1)
+        return b.op("Add", b.op("Mul", x, cos), b.op("Mul", rotated, sin))
+
+    def layer(self, i: int, x: str, cache: list, positions: list[int]) -> str:
+        """One decoder layer on rows x [B,T,D] at `positions`; appends this step's K/V to cache[i]."""
+        b, c = self.b, self.cfg
+        p = f"{self.prefix}.layers.{i}"
+        T, g = len(positions), c.num_heads // c.num_kv_heads
+        cos_np, sin_np = rope_tables(c.head_dim, c.rope_theta, np.array(positions), b.float_type)
+        cos, sin = b.const(cos_np[:, None, :]), b.const(sin_np[:, None, :])  # [T,1,hd]
+
+        a = self.rms_norm(x, f"{p}.input_layernorm.weight")
+        q = b.op("Reshape", self.matmul(a, f"{p}.self_attn.q_proj.weight"), b.const([0, T, c.num_heads, c.head_dim]))
+        k = b.op("Reshape", self.matmul(a, f"{p}.self_attn.k_proj.weight"), b.const([0, T, c.num_kv_heads, c.head_dim]))
+        v = b.op("Reshape", self.matmul(a, f"{p}.self_attn.v_proj.weight"), b.const([0, T, c.num_kv_heads, c.head_dim]))
+        q = self.rope(self.rms_norm(q, f"{p}.self_attn.q_norm.weight"), cos, sin)
+        k = self.rope(self.rms_norm(k, f"{p}.self_attn.k_norm.weight"), cos, sin)
+        k = b.op("Transpose", k, perm=[0, 2, 1, 3])  # [B,kv,T,hd]
+        v = b.op("Transpose", v, perm=[0, 2, 1, 3])
+        if cache[i] is not None:
+            k = b.op("Concat", cache[i][0], k, axis=2)
+            v = b.op("Concat", cache[i][1], v, axis=2)
+        cache[i] = (k, v)
+        S = positions[-1] + 1
+
+        # GQA: q head h reads kv head h // g, so heads group as [kv, g] and rows as (g, T)
+        q = b.op("Reshape", b.op("Transpose", q, perm=[0, 2, 1, 3]), b.const([0, c.num_kv_heads, g * T, c.head_dim]))
+        scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2])), b.const(c.head_dim ** -0.5))
+        if T > 1:
+            row_pos = np.tile(np.array(positions), g)[:, None]
+            mask = np.where(np.arange(S)[None, :] > row_pos, -np.inf, 0.0)
+            scores = b.op("Add", scores, b.const(mask))
+        attn = b.op("MatMul", b.op("Softmax", scores, axis=-1), v)  # [B,kv,g*T,hd]
+        attn = b.op("Reshape", attn, b.const([0, c.num_heads, T, c.head_dim]))
+        attn = b.op("Reshape", b.op("Transpose", attn, perm=[0, 2, 1, 3]), b.const([0, T, c.num_heads * c.head_dim]))
+        x = b.op("Add", x, self.matmul(attn, f"{p}.self_attn.o_proj.weight"))
+
+        h = self.rms_norm(x, f"{p}.post_attention_layernorm.weight")
+        gate = self.matmul(h, f"{p}.mlp.gate_proj.weight")
+        act = b.op("Mul", b.silu(gate), self.matmul(h, f"{p}.mlp.up_proj.weight"))
+        return b.op("Add", x, self.matmul(act, f"{p}.mlp.down_proj.weight"))
+
+
+def _sample(b: GraphBuilder, logits: str, rand_col: str, temperature: str, k_index: str, sort_k: str,
+            one_minus_p: str, greedy: str) -> str:
+    """One code per row from logits [B,V]; see `qwen3_tts_gguf.sampler` for the semantics.
+
+    Sorts only the head of each row: first the batch's widest top-k (`sort_k`; V when a sampling
+    row has top-k off) to find each row's k-th logit, then as many as the widest row keeps once
+    ties with its k-th logit are counted. Everything past that head is filtered out anyway.
+    """
+    neg_inf, last_axis = b.const(-np.inf), b.const([-1])
+    argmax = b.op("ArgMax", logits, axis=-1, keepdims=1)  # first index on ties, as torch
+    scaled = b.op("Div", logits, temperature)
+    head = b.op("TopK", scaled, sort_k, axis=-1, largest=1, sorted=1, outputs=2)[0]
+    kth = b.op("GatherElements", head, k_index, axis=1)
+    n_top = b.op("ReduceSum", b.op("Cast", b.op("GreaterOrEqual", scaled, kth), to=onnx.TensorProto.INT64),
+                 last_axis, keepdims=1)
+    width = b.op("Reshape", b.op("ReduceMax", n_top, keepdims=0), b.const([1]))
+    # ONNX TopK puts equal values lower index first: the draw order is deterministic
+    scaled, order = b.op("TopK", scaled, width, axis=-1, largest=1, sorted=1, outputs=2)
+    scaled = b.op("Where", b.op("GreaterOrEqual", scaled, kth), scaled, neg_inf)
+    suffix = b.op("CumSum", b.op("Softmax", scaled, axis=-1), b.const(np.array(-1)), reverse=1)
+    kept = b.op("ReduceSum", b.op("Cast", b.op("Greater", suffix, one_minus_p), to=onnx.TensorProto.INT64),
+                last_axis, keepdims=1)
+    last = b.op("Sub", b.op("Max", kept, b.const([1])), b.const([1]))
+    last_kept = b.op("GatherElements", scaled, last, axis=1)
+    scaled = b.op("Where", b.op("GreaterOrEqual", scaled, last_kept), scaled, neg_inf)
+    cdf = b.op("CumSum", b.op("Softmax", scaled, axis=-1), b.const(np.array(-1)))
+    u = b.op("Mul", rand_col, b.op("Slice", cdf, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])))
+    below = b.op("ReduceSum", b.op("Cast", b.op("LessOrEqual", cdf, u), to=onnx.TensorProto.INT64),
+                 last_axis, keepdims=1)
+    n_kept = b.op("ReduceSum", b.op("Cast", b.op("Greater", scaled, neg_inf), to=onnx.TensorProto.INT64),
+                  last_axis, keepdims=1)
+    pos = b.op("Min", below, b.op("Sub", n_kept, b.const([1])))
+    drawn = b.op("GatherElements", order, pos, axis=1)
+    return b.op("Where", greedy, argmax, drawn)  # [B,1]
+
+
+def _row_settings(b: GraphBuilder, temperature: str, top_k: str, top_p: str, greedy: str, vocab: int):
+    """Per-row sampling inputs [B] -> the [B,1] values `_sample` takes after logits and rand."""
+    col = b.const([1])
+    greedy = b.op("Unsqueeze", greedy, col)
+    temperature = b.op("Where", greedy, b.const(1.0), b.op("Unsqueeze", temperature, col))
+    top_k = b.op("Unsqueeze", top_k, col)
+    off = b.op("Or", b.op("LessOrEqual", top_k, b.const(0)), b.op("GreaterOrEqual", top_k, b.const(vocab)))
+    # greedy rows ignore their draw: k 1 keeps them from widening the batch's sort
+    k_eff = b.op("Where", greedy, b.const(1), b.op("Where", off, b.const(vocab), top_k))
+    sort_k = b.op("Reshape", b.op("ReduceMax", k_eff, keepdims=0), col)  # [1]: TopK's K
+    one_minus_p = b.op("Sub", b.const(1.0), b.op("Unsqueeze", top_p, col))
+    return temperature, b.op("Sub", k_eff, b.const(1)), sort_k, one_minus_p, greedy
+
+
+def build_sampler(vocab: int, float_type=np.float32) -> onnx.ModelProto:
+    """The in-graph sampler alone: logits f[B,V], rand f[B], temperature, top_k, top_p, greedy -> code i64[B]."""
+    b = GraphBuilder("sampler", float_type)
+    logits, rand = b.input("logits", "float", ["B", vocab]), b.input("rand", "float", ["B"])
+    settings = _row_settings(b, b.input("temperature", "float", ["B"]), b.input("top_k", np.int64, ["B"]),
+                             b.input("top_p", "float", ["B"]), b.input("greedy", np.bool_, ["B"]), vocab)
+    code = _sample(b, logits, b.op("Unsqueeze", rand, b.const([1])), *settings)
+    b.output(b.op("Squeeze", code, b.const([1])), "code", np.int64, ["B"])
+    return b.model({"kind": "sampler", "vocab": vocab})
+
+
+def build_code_predictor(ckpt: Checkpoint, float_type=np.float32, teacher_forced: bool = False) -> onnx.ModelProto:
+    """The code predictor of `ckpt` as one per-frame ONNX graph (opset 17); see the module doc."""
+    cfg, w = ckpt.config, ckpt.weights
+    cp, H = cfg.code_predictor, cfg.talker.hidden_size
+    vocab = int(w.shape_of("talker.code_predictor.lm_head.0.weight")[0])
+    b = GraphBuilder("code_predictor" + ("_teacher_forced" if teacher_forced else ""), float_type)
+    stack = _Stack(b, w, "talker.code_predictor.model", cp)
+
+    hidden = b.input("hidden", "float", ["B", H])
+    code0 = b.input("code0", np.int64, ["B"])
+    rand = b.input("rand", "float", ["B", NUM_STEPS])
+    temperature = b.input("temperature", "float", ["B"])
+    top_k = b.input("top_k", np.int64, ["B"])
+    top_p = b.input("top_p", "float", ["B"])
+    greedy = b.input("greedy", np.bool_, ["B"])
+    forced = b.input("forced_codes", np.int64, ["B", NUM_STEPS]) if teacher_forced else None
+
+    settings = _row_settings(b, temperature, top_k, top_p, greedy, vocab)
+    col = b.const([1])
+
+    def project(rows: str) -> str:  # small_to_mtp_projection, identity when the widths agree
+        if not cfg.has_mtp_projection:
+            return rows
+        y = stack.matmul(rows, "talker.code_predictor.small_to_mtp_projection.weight")
+        return b.op("Add", y, stack.param("talker.code_predictor.small_to_mtp_projection.bias"))
+
+    def embed(table: str, ids: str) -> str:  # ids [B] -> rows [B,H]
+        return b.op("Gather", stack.param(table), ids, axis=0)
+
+    def column(x: str, j: int) -> str:  # x[:, j:j+1]
+        return b.op("Slice", x, b.const([j]), b.const([j + 1]), b.const([1]))
+
+    frame = embed("talker.model.codec_embedding.weight", code0)
+    rows = b.op("Concat", b.op("Unsqueeze", hidden, col), b.op("Unsqueeze", frame, col), axis=1)  # [B,2,H]
+    positions = [0, 1]
+    cache: list = [None] * cp.num_layers
+    codes, logits = [], []
+    for j in range(NUM_STEPS):  # the last step's `rows` feed nothing: its code only joins the frame
+        x = project(rows)
+        for i in range(cp.num_layers):
+            x = stack.layer(i, x, cache, positions)
+        if len(positions) > 1:
+            x = b.op("Slice", x, b.const([-1]), b.const([len(positions)]), b.const([1]))
+        x = b.op("Squeeze", stack.rms_norm(x, "talker.code_predictor.model.norm.weight"), col)  # [B,D]
+        step_logits = stack.matmul(x, f"talker.code_predictor.lm_head.{j}.weight")  # [B,V]
+        logits.append(b.op("Unsqueeze", step_logits, col))
+        code = _sample(b, step_logits, column(rand, j), *settings)
+        codes.append(code)
+        fed = b.op("Squeeze", column(forced, j) if teacher_forced else code, col)  # [B]
+        emb = embed(f"talker.code_predictor.model.codec_embedding.{j}.weight", fed)
+        frame = b.op("Add", frame, emb)
+        rows, positions = b.op("Unsqueeze", emb, col), [positions[-1] + 1]  # the next step's input
+
+    b.output(b.op("Concat", *codes, axis=1), "codes", np.int64, ["B", NUM_STEPS])
+    b.output(frame, "frame_embedding", "float", ["B", H])
+    b.output(b.op("Concat", *logits, axis=1), "logits", "float", ["B", NUM_STEPS, vocab])
+    meta = {"kind": "code_predictor", "num_steps": NUM_STEPS, "hidden_size": H, "vocab": vocab,
+            "teacher_forced": int(teacher_forced), "mtp_projection": int(cfg.has_mtp_projection)}
+    return b.model(meta, doc=__doc__.strip().splitlines()[0])

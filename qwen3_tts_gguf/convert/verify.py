@@ -1,0 +1,81 @@
+"""The converter's self-check: reload what was written and run one forward pass of each graph.
+
+Talker and code predictor are compared with plain-numpy forwards computed from the source
+weights (`numpy_reference`); the codec graph must decode a few frames identically whole and in
+chunks, inside [-1, 1]. A conversion that fails any check is not reported as a success.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import Checkpoint
+from .numpy_reference import code_predictor_logits, decoder_stack
+
+# relative RMS error of the talker's logits against an f32 numpy forward, per weight format
+TALKER_REL_RMS = {"f32": 1e-4, "bf16": 0.03, "f16": 0.01, "q8_0": 0.06, "q5_k_m": 0.15, "q4_k_m": 0.3}
+PREDICTOR_REL_RMS = 1e-4  # fp32 graph
+CODEC_CHUNK_TOL = 1e-4  # fp32 rounding-order noise of the deep conv stack (about 4e-5 measured)
+
+
+class VerificationError(RuntimeError):
+    """A converted graph disagrees with the source weights."""
+
+
+def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((np.asarray(a, np.float64) - b) ** 2)) / (np.sqrt(np.mean(np.square(b))) + 1e-30))
+
+
+def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
+    """Check the talker, code predictor and codec in `folder`; returns the measured errors."""
+    from ..codec import CodecDecoder
+    from ..manifest import load_manifest
+    from ..predictor import CodePredictor
+    from ..sampler import SamplingParams
+    from ..talker import DecodeItem, Talker, TalkerSettings
+    from .pipeline import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE
+
+    manifest = load_manifest(folder, verify_hashes=True)
+    cfg = ckpt.config
+    rng = np.random.default_rng(seed)
+    report: dict = {}
+
+    talker = Talker(folder / TALKER_FILE, TalkerSettings(n_ctx=64, max_streams=1, deterministic=True))
+    try:
+        rows = rng.standard_normal((6, cfg.talker.hidden_size)).astype(np.float32)
+        logits, hidden = talker.decode([DecodeItem(0, 0, rows)])
+    finally:
+        talker.close()
+    ref_hidden = decoder_stack(ckpt.weights, "talker.model", cfg.talker, rows, dtype=np.float32)[-1]
+    ref_logits = ref_hidden @ ckpt.weights["talker.codec_head.weight"].T
+    report["talker_logits_rel_rms"] = err = _rel_rms(logits[0], ref_logits)
+    if err > TALKER_REL_RMS[manifest.quant]:
+        raise VerificationError(f"talker ({manifest.quant}) logits differ from the source weights: "
+                                f"relative RMS {err:.3g} > {TALKER_REL_RMS[manifest.quant]}")
+
+    predictor = CodePredictor(folder / PREDICTOR_FILE, threads=1)
+    h = rng.standard_normal((1, cfg.talker.hidden_size)).astype(np.float32)
+    code0 = np.array([int(rng.integers(0, 2048))])
+    out = predictor.predict(h, code0, SamplingParams(greedy=True), rand=np.zeros((1, 15), np.float32))
+    ref = code_predictor_logits(ckpt.weights, cfg, h[0], int(code0[0]), out.codes[0].tolist(), dtype=np.float32)
+    ref_codes = ref.argmax(-1)
+    report["predictor_codes_equal"] = bool(np.array_equal(ref_codes, out.codes[0]))
+    # the graph's greedy choice must be the reference's wherever the reference is not near-tied
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    decided = (top2[:, 1] - top2[:, 0]) > 1e-3 * (np.abs(top2[:, 1]) + 1)
+    if not np.array_equal(ref_codes[decided], out.codes[0][decided]):
+        raise VerificationError(f"code predictor greedy codes {out.codes[0].tolist()} differ from the source "
+                                f"weights' {ref_codes.tolist()}")
+
+    codec = CodecDecoder(folder / CODEC_FILE, threads=1)
+    codes = rng.integers(0, 2048, (4, 16))
+    whole = codec.decode_all(codes)
+    first, state = codec.decode(codes[:1])
+    rest, _ = codec.decode(codes[1:], state)
+    chunked = np.concatenate([first, rest])
+    report["codec_chunk_max_abs"] = diff = float(np.abs(whole - chunked).max())
+    if not np.isfinite(whole).all() or np.abs(whole).max() > 1 or diff > CODEC_CHUNK_TOL:
+        raise VerificationError(f"codec decoder is inconsistent: chunked vs whole differ by {diff:.3g}")
+    return report
