@@ -102,3 +102,37 @@ def sample(logits: np.ndarray, params: SamplingParams | Sequence[SamplingParams]
     pos = np.minimum((cdf <= u).sum(-1), n_kept - 1)
     drawn = np.take_along_axis(order, pos[:, None], axis=-1)[:, 0]
     return np.where(p["greedy"], logits.argmax(-1), drawn).astype(np.int64)
+
+
+def talker_logits_processors(logits: np.ndarray, history: set[int], step: int, repetition_penalty: float,
+                             eos_id: int, allow_eos: bool = True, min_new_tokens: int = 2,
+                             control_ids_from: int = 2048) -> np.ndarray:
+    """The official generate's processors on codebook-0 logits [V], in its order (fp32).
+
+    Repetition penalty over the set of previous codebook-0 ids; EOS forbidden for the first
+    `min_new_tokens` steps; every control id (>= 2048) except EOS suppressed. With allow_eos False
+    EOS is suppressed too (how `--ignore-eos` and the reference runs force a frame count).
+    """
+    scores = np.array(logits, dtype=np.float32, copy=True)
+    if history and repetition_penalty != 1.0:
+        idx = np.fromiter(history, dtype=np.int64)
+        picked = scores[idx]
+        scores[idx] = np.where(picked < 0, picked * np.float32(repetition_penalty),
+                               picked / np.float32(repetition_penalty))
+    if step < min_new_tokens or not allow_eos:
+        scores[eos_id] = -np.inf
+    suppressed = np.arange(control_ids_from, scores.shape[0])
+    scores[suppressed[suppressed != eos_id]] = -np.inf
+    return scores
+
+
+def sample_code0(logits: np.ndarray, history: set[int], step: int, sampling, rng: np.random.Generator,
+                 eos_id: int, allow_eos: bool = True) -> int:
+    """Codebook 0 of the next frame: processors, then `sample` with one draw from `rng`.
+
+    `sampling` is a request.TalkerSampling (SamplingParams + repetition penalty). One number is
+    drawn from rng even when greedy, so a stream's random sequence does not depend on its mode.
+    """
+    scores = talker_logits_processors(logits, history, step, sampling.repetition_penalty, eos_id, allow_eos)
+    u = np.array([rng.random(dtype=np.float32)])
+    return int(sample(scores[None], sampling.params, u)[0])

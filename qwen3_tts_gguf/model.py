@@ -1,0 +1,70 @@
+"""A converted model folder opened for inference: manifest, tokenizer, tables, talker, graphs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .convert.pipeline import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE
+from .convert.text_tables import FILE_NAME as TEXT_TABLES
+from .manifest import Manifest, ModelFolderError, load_manifest
+from .prompt import PromptBuilder
+from .tokenizer import TextTokenizer
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Runtime knobs. `deterministic` is the parity profile (F32 KV cache, flash attention off)."""
+
+    threads: int = 0  # 0: all cores
+    max_streams: int = 8
+    n_ctx: int = 8192  # KV cells shared by all streams
+    deterministic: bool = False
+    device: str = "cpu"  # ONNX Runtime: cpu | cuda | auto
+    gpu_layers: int = 0  # llama.cpp layers to offload (CUDA/Vulkan builds)
+    chunk_frames: tuple[int, ...] = (1, 2, 4, 8)  # first audio after 1 frame, then growing chunks
+    budget_base_frames: int = 75  # runaway protection: a stream never exceeds
+    budget_frames_per_token: int = 12  #   base + per_token * text tokens frames
+    max_pending: int = 64  # requests waiting for a slot before submit refuses
+
+
+class LoadedModel:
+    """Everything needed to synthesise with one converted model."""
+
+    def __init__(self, folder: str | Path, settings: EngineSettings = EngineSettings()):
+        from .codec import CodecDecoder
+        from .embeddings import EmbeddingTables
+        from .predictor import CodePredictor
+        from .talker import Talker, TalkerSettings
+
+        self.folder = Path(folder)
+        self.manifest: Manifest = load_manifest(self.folder)
+        threads = settings.threads or (os.cpu_count() or 1)
+        try:
+            self.tokenizer = TextTokenizer(self.folder, self.manifest.tokenizer["pretokenizer"])
+            self.tables = EmbeddingTables(self.folder / TEXT_TABLES)
+        except (OSError, ValueError) as e:
+            raise ModelFolderError(f"{self.folder}: cannot read the tokenizer or text tables ({e})") from e
+        self.prompts = PromptBuilder(self.manifest, self.tokenizer, self.tables)
+        self.talker = Talker(self.folder / TALKER_FILE, TalkerSettings(
+            n_ctx=settings.n_ctx, max_streams=settings.max_streams, threads=threads,
+            gpu_layers=settings.gpu_layers, deterministic=settings.deterministic))
+        try:
+            self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads, device=settings.device)
+            self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads, device=settings.device)
+        except Exception as e:  # onnxruntime raises its own exception types for corrupt graphs
+            self.talker.close()
+            raise ModelFolderError(f"{self.folder}: cannot load the ONNX graphs ({e})") from e
+        self.settings = settings
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.manifest.codec["sample_rate"])
+
+    def close(self) -> None:
+        self.talker.close()

@@ -1,0 +1,318 @@
+"""The engine worker: one thread owns llama.cpp and ONNX Runtime and steps every stream together.
+
+Each iteration (continuous batching; one stream is the special case):
+  1. drop cancelled streams; admit waiting requests into free slots (their prompt rows join step 4);
+  2. sample codebook 0 of every active stream from its last logits; EOS or a limit ends a stream;
+  3. one batched code-predictor call for all streams -> codebooks 1..15 + the next input rows;
+  4. one multi-sequence talker decode: new prompts and every stream's next row;
+  5. each stream's codec state decodes its pending frames once a chunk is full (1, 2, 4, 8, 8, ...).
+Audio leaves as float32 chunks on a per-request queue (asyncio or thread); a slow reader never
+blocks the worker. The engine knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .codec import CodecState
+from .model import LoadedModel
+from .prompt import Prompt
+from .request import AudioChunk, SynthesisRequest, SynthesisResult
+from .sampler import sample_code0
+from .talker import DecodeItem
+
+
+class EngineBusy(RuntimeError):
+    """Too many requests are waiting for a slot."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine is not running."""
+
+
+class Stream:
+    """The consumer's handle on one request: iterate (sync or async) for AudioChunks, then `.result`."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, request: SynthesisRequest, prompt: Prompt, loop: asyncio.AbstractEventLoop | None):
+        self.id = next(self._ids)
+        self.request = request
+        self.prompt = prompt
+        self.result: SynthesisResult | None = None
+        self.submitted_at = time.monotonic()
+        self.first_audio_at: float | None = None
+        self._cancel = threading.Event()
+        self._loop = loop
+        self._queue: asyncio.Queue | queue.Queue = asyncio.Queue() if loop else queue.Queue()
+
+    # -- producer side (engine thread) ------------------------------------------------------
+    def _put(self, event) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            except RuntimeError:  # the consumer's loop is closed: nobody listens any more
+                self._cancel.set()
+        else:
+            self._queue.put(event)
+
+    # -- consumer side ------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop this stream at the next engine iteration and free its slot."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def __iter__(self):
+        assert isinstance(self._queue, queue.Queue), "created with an event loop: use `async for`"
+        while True:
+            event = self._queue.get()
+            if isinstance(event, SynthesisResult):
+                self.result = event
+                return
+            yield event
+
+    def __aiter__(self):
+        return self._aiter()
+
+    async def _aiter(self):
+        assert isinstance(self._queue, asyncio.Queue), "created without an event loop: use `for`"
+        while True:
+            event = await self._queue.get()
+            if isinstance(event, SynthesisResult):
+                self.result = event
+                return
+            yield event
+
+
+@dataclass
+class _Active:
+    """Engine-side state of one admitted stream."""
+
+    stream: Stream
+    seq: int
+    rng: np.random.Generator
+    frame_limit: int
+    limit_reason: str
+    pos: int = 0  # next talker position
+    logits: np.ndarray | None = None
+    hidden: np.ndarray | None = None
+    history: set = field(default_factory=set)
+    codes: list = field(default_factory=list)
+    pending: list = field(default_factory=list)  # frames not yet decoded to audio
+    chunk_index: int = 0
+    decoded_frames: int = 0
+    codec_state: CodecState | None = None
+    timings: dict = field(default_factory=lambda: {"talker_s": 0.0, "predictor_s": 0.0, "codec_s": 0.0})
+
+
+class Engine:
+    """Owns a LoadedModel on a worker thread; `submit` requests, iterate their streams."""
+
+    def __init__(self, model: LoadedModel):
+        self.model = model
+        self.settings = model.settings
+        self._waiting: deque[Stream] = deque()
+        self._active: dict[int, _Active] = {}
+        self._free_seqs = list(range(self.settings.max_streams))
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0}
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="qwen3-tts-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- requests -----------------------------------------------------------------------
+    def submit(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
+        """Validate and queue a request. Raises PromptError for bad input, EngineBusy when full."""
+        if self._thread is None or self._stopping:
+            raise EngineStopped("the engine is not running")
+        text_mode = request.text_mode or self.model.manifest.default_text_mode
+        prompt = self.model.prompts.build(request.text, request.voice, text_mode)
+        stream = Stream(request, prompt, loop)
+        with self._wake:
+            if len(self._waiting) >= self.settings.max_pending:
+                raise EngineBusy(f"{len(self._waiting)} requests are already waiting")
+            self._waiting.append(stream)
+            self._wake.notify_all()
+        return stream
+
+    def load(self) -> dict:
+        """Active streams, waiting requests and free slots (for health and metrics)."""
+        with self._wake:
+            return {"active": len(self._active), "waiting": len(self._waiting), "free_slots": len(self._free_seqs)}
+
+    # -- worker -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._waiting and not self._active:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                admitted = self._admit()
+            try:
+                self._iterate(admitted)
+            except Exception as e:  # a shared call failed: fail every stream it involved
+                for act in list(self._active.values()):
+                    self._finish(act, "error", error=f"{type(e).__name__}: {e}")
+        for act in list(self._active.values()):
+            self._finish(act, "cancelled")
+        while self._waiting:
+            stream = self._waiting.popleft()
+            stream._put(SynthesisResult(0, stream.prompt.text_tokens, "cancelled"))
+
+    def _reserved_cells(self) -> int:
+        return sum(len(a.stream.prompt.rows) + a.frame_limit for a in self._active.values())
+
+    def _admit(self) -> list[_Active]:
+        admitted = []
+        while self._waiting and self._free_seqs:
+            stream = self._waiting[0]
+            if stream.cancelled:
+                self._waiting.popleft()
+                stream._put(SynthesisResult(0, stream.prompt.text_tokens, "cancelled"))
+                continue
+            req, prompt = stream.request, stream.prompt
+            budget = self.settings.budget_base_frames + self.settings.budget_frames_per_token * prompt.text_tokens
+            limit, reason = budget, "budget"
+            if req.max_frames is not None and req.max_frames <= limit:
+                limit, reason = req.max_frames, "max_frames"
+            room = self.settings.n_ctx - len(prompt.rows)
+            if limit > room:
+                limit, reason = max(room, 0), "budget"
+            if self._active and self._reserved_cells() + len(prompt.rows) + limit > self.settings.n_ctx:
+                break  # wait until running streams free their cells
+            self._waiting.popleft()
+            seq = self._free_seqs.pop(0)
+            seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
+            act = _Active(stream=stream, seq=seq, rng=np.random.default_rng(seed), frame_limit=limit,
+                          limit_reason=reason)
+            self._active[seq] = act
+            admitted.append(act)
+        return admitted
+
+    def _iterate(self, admitted: list[_Active]) -> None:
+        model = self.model
+        eos = model.manifest.codec_ids["eos"]
+        for act in [a for a in self._active.values() if a.stream.cancelled]:
+            self._finish(act, "cancelled")
+        # 2. codebook 0 for every stream that has logits
+        stepping, code0 = [], []
+        for act in list(self._active.values()):
+            if act.logits is None:
+                continue
+            req = act.stream.request
+            c0 = sample_code0(act.logits, act.history, len(act.codes), req.talker, act.rng, eos_id=eos,
+                              allow_eos=not req.ignore_eos)
+            if c0 == eos:
+                self._finish(act, "eos")
+                continue
+            stepping.append(act)
+            code0.append(c0)
+        items: list[DecodeItem] = []
+        owners: list[_Active] = []
+        # 3. code predictor for all stepping streams in one call
+        if stepping:
+            t0 = time.perf_counter()
+            out = model.predictor.predict(
+                np.stack([a.hidden for a in stepping]), np.array(code0, np.int64),
+                [a.stream.request.code_predictor for a in stepping], rngs=[a.rng for a in stepping])
+            dt = (time.perf_counter() - t0) / len(stepping)
+            for k, act in enumerate(stepping):
+                act.timings["predictor_s"] += dt
+                frame = np.concatenate([[code0[k]], out.codes[k]]).astype(np.int64)
+                act.codes.append(frame)
+                act.pending.append(frame)
+                act.history.add(int(code0[k]))
+                self.stats["frames"] += 1
+                step = len(act.codes) - 1
+                prompt = act.stream.prompt
+                text = prompt.trailing[step] if step < len(prompt.trailing) else prompt.pad_row
+                if len(act.codes) >= act.frame_limit:
+                    continue  # no next talker step: the stream ends after its audio is flushed
+                items.append(DecodeItem(act.seq, act.pos, (out.frame_embedding[k] + text)[None]))
+                owners.append(act)
+        # 4. prompts of admitted streams join the same decode
+        for act in admitted:
+            items.append(DecodeItem(act.seq, 0, act.stream.prompt.rows))
+            owners.append(act)
+        if items:
+            t0 = time.perf_counter()
+            logits, hidden = model.talker.decode(items)
+            dt = (time.perf_counter() - t0) / len(items)
+            for k, (item, act) in enumerate(zip(items, owners)):
+                act.logits, act.hidden = logits[k], hidden[k]
+                act.pos = item.pos + len(item.rows)
+                act.timings["talker_s"] += dt
+        # 5. audio
+        for act in stepping:
+            if act.seq not in self._active:
+                continue
+            done = len(act.codes) >= act.frame_limit
+            target = self.settings.chunk_frames[min(act.chunk_index, len(self.settings.chunk_frames) - 1)]
+            if len(act.pending) >= target or (done and act.pending):
+                self._emit_audio(act)
+            if done:
+                self._finish(act, act.limit_reason)
+        self.stats["iterations"] += 1
+
+    def _emit_audio(self, act: _Active) -> None:
+        frames = np.stack(act.pending)
+        t0 = time.perf_counter()
+        wav, act.codec_state = self.model.codec.decode(frames, act.codec_state)
+        act.timings["codec_s"] += time.perf_counter() - t0
+        if act.stream.first_audio_at is None:
+            act.stream.first_audio_at = time.monotonic()
+        act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=len(frames)))
+        act.decoded_frames += len(frames)
+        act.pending = []
+        act.chunk_index += 1
+
+    def _finish(self, act: _Active, reason: str, error: str | None = None) -> None:
+        if act.pending and reason not in ("cancelled", "error"):
+            self._emit_audio(act)
+        self.model.talker.drop(act.seq)
+        self._active.pop(act.seq, None)
+        self._free_seqs.append(act.seq)
+        self._free_seqs.sort()
+        stream = act.stream
+        timings = dict(act.timings)
+        if stream.first_audio_at is not None:
+            timings["first_audio_s"] = stream.first_audio_at - stream.submitted_at
+        timings["total_s"] = time.monotonic() - stream.submitted_at
+        codes = np.stack(act.codes) if act.codes else np.zeros((0, 16), np.int64)
+        self.stats["streams_done"] += 1
+        if reason == "cancelled":
+            self.stats["cancelled"] += 1
+        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=stream.prompt.text_tokens,
+                                    finish_reason=reason, codes=codes, error=error, timings=timings))
