@@ -27,6 +27,7 @@ class EngineSettings:
     budget_base_frames: int = 75  # runaway protection: a stream never exceeds
     budget_frames_per_token: int = 12  #   base + per_token * text tokens frames
     max_pending: int = 64  # requests waiting for a slot before submit refuses
+    max_segment_chars: int = 1000  # longer input is split at sentence ends (decoder state carries over)
 
 
 class LoadedModel:

@@ -24,10 +24,11 @@ import numpy as np
 
 from .codec import CodecState
 from .model import LoadedModel
-from .prompt import Prompt
+from .prompt import Prompt, PromptError
 from .request import AudioChunk, SynthesisRequest, SynthesisResult
 from .sampler import sample_code0
 from .talker import DecodeItem
+from .text_segments import split_segments
 
 
 class EngineBusy(RuntimeError):
@@ -43,10 +44,11 @@ class Stream:
 
     _ids = itertools.count(1)
 
-    def __init__(self, request: SynthesisRequest, prompt: Prompt, loop: asyncio.AbstractEventLoop | None):
+    def __init__(self, request: SynthesisRequest, prompts: list[Prompt], loop: asyncio.AbstractEventLoop | None):
         self.id = next(self._ids)
         self.request = request
-        self.prompt = prompt
+        self.prompts = prompts  # one per text segment (long input is split at sentence ends)
+        self.text_tokens = sum(p.text_tokens for p in prompts)
         self.result: SynthesisResult | None = None
         self.submitted_at = time.monotonic()
         self.first_audio_at: float | None = None
@@ -102,18 +104,24 @@ class _Active:
     stream: Stream
     seq: int
     rng: np.random.Generator
-    frame_limit: int
+    frame_limit: int  # frames of the current segment
     limit_reason: str
+    segment: int = 0
+    segment_frames: int = 0
     pos: int = 0  # next talker position
     logits: np.ndarray | None = None
     hidden: np.ndarray | None = None
-    history: set = field(default_factory=set)
+    history: set = field(default_factory=set)  # codebook-0 ids of the current segment
     codes: list = field(default_factory=list)
     pending: list = field(default_factory=list)  # frames not yet decoded to audio
     chunk_index: int = 0
     decoded_frames: int = 0
     codec_state: CodecState | None = None
     timings: dict = field(default_factory=lambda: {"talker_s": 0.0, "predictor_s": 0.0, "codec_s": 0.0})
+
+    @property
+    def prompt(self) -> Prompt:
+        return self.stream.prompts[self.segment]
 
 
 class Engine:
@@ -157,8 +165,11 @@ class Engine:
         if self._thread is None or self._stopping:
             raise EngineStopped("the engine is not running")
         text_mode = request.text_mode or self.model.manifest.default_text_mode
-        prompt = self.model.prompts.build(request.text, request.voice, text_mode)
-        stream = Stream(request, prompt, loop)
+        if request.max_frames is not None and request.max_frames < 1:
+            raise PromptError(f"max_frames must be >= 1, got {request.max_frames}")
+        segments = split_segments(request.text, self.settings.max_segment_chars) or [request.text]
+        prompts = [self.model.prompts.build(text, request.voice, text_mode) for text in segments]
+        stream = Stream(request, prompts, loop)
         with self._wake:
             if len(self._waiting) >= self.settings.max_pending:
                 raise EngineBusy(f"{len(self._waiting)} requests are already waiting")
@@ -189,10 +200,22 @@ class Engine:
             self._finish(act, "cancelled")
         while self._waiting:
             stream = self._waiting.popleft()
-            stream._put(SynthesisResult(0, stream.prompt.text_tokens, "cancelled"))
+            stream._put(SynthesisResult(0, stream.text_tokens, "cancelled"))
+
+    def _segment_limit(self, act: _Active) -> tuple[int, str]:
+        """Frames the current segment may make, and the finish reason when it hits that."""
+        prompt, req = act.prompt, act.stream.request
+        limit = self.settings.budget_base_frames + self.settings.budget_frames_per_token * prompt.text_tokens
+        reason = "budget"
+        if req.max_frames is not None and req.max_frames - len(act.codes) <= limit:
+            limit, reason = req.max_frames - len(act.codes), "max_frames"
+        room = self.settings.n_ctx - len(prompt.rows)
+        if limit > room:
+            limit, reason = max(room, 0), "budget"
+        return limit, reason
 
     def _reserved_cells(self) -> int:
-        return sum(len(a.stream.prompt.rows) + a.frame_limit for a in self._active.values())
+        return sum(len(a.prompt.rows) + a.frame_limit for a in self._active.values())
 
     def _admit(self) -> list[_Active]:
         admitted = []
@@ -200,47 +223,57 @@ class Engine:
             stream = self._waiting[0]
             if stream.cancelled:
                 self._waiting.popleft()
-                stream._put(SynthesisResult(0, stream.prompt.text_tokens, "cancelled"))
+                stream._put(SynthesisResult(0, stream.text_tokens, "cancelled"))
                 continue
-            req, prompt = stream.request, stream.prompt
-            budget = self.settings.budget_base_frames + self.settings.budget_frames_per_token * prompt.text_tokens
-            limit, reason = budget, "budget"
-            if req.max_frames is not None and req.max_frames <= limit:
-                limit, reason = req.max_frames, "max_frames"
-            room = self.settings.n_ctx - len(prompt.rows)
-            if limit > room:
-                limit, reason = max(room, 0), "budget"
-            if self._active and self._reserved_cells() + len(prompt.rows) + limit > self.settings.n_ctx:
+            req = stream.request
+            seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
+            act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed), frame_limit=0, limit_reason="")
+            act.frame_limit, act.limit_reason = self._segment_limit(act)
+            if self._active and self._reserved_cells() + len(act.prompt.rows) + act.frame_limit > self.settings.n_ctx:
                 break  # wait until running streams free their cells
             self._waiting.popleft()
-            seq = self._free_seqs.pop(0)
-            seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
-            act = _Active(stream=stream, seq=seq, rng=np.random.default_rng(seed), frame_limit=limit,
-                          limit_reason=reason)
-            self._active[seq] = act
+            act.seq = self._free_seqs.pop(0)
+            self._active[act.seq] = act
             admitted.append(act)
         return admitted
+
+    def _next_segment(self, act: _Active) -> bool:
+        """Move a stream whose segment ended to its next segment (codec state carries over)."""
+        if act.segment + 1 >= len(act.stream.prompts):
+            return False
+        if act.stream.request.max_frames is not None and len(act.codes) >= act.stream.request.max_frames:
+            return False
+        self.model.talker.drop(act.seq)
+        act.segment += 1
+        act.segment_frames, act.pos, act.logits, act.hidden, act.history = 0, 0, None, None, set()
+        act.frame_limit, act.limit_reason = self._segment_limit(act)
+        return True
 
     def _iterate(self, admitted: list[_Active]) -> None:
         model = self.model
         eos = model.manifest.codec_ids["eos"]
         for act in [a for a in self._active.values() if a.stream.cancelled]:
             self._finish(act, "cancelled")
+        prefill = list(admitted)
         # 2. codebook 0 for every stream that has logits
         stepping, code0 = [], []
         for act in list(self._active.values()):
             if act.logits is None:
                 continue
             req = act.stream.request
-            c0 = sample_code0(act.logits, act.history, len(act.codes), req.talker, act.rng, eos_id=eos,
+            c0 = sample_code0(act.logits, act.history, act.segment_frames, req.talker, act.rng, eos_id=eos,
                               allow_eos=not req.ignore_eos)
             if c0 == eos:
-                self._finish(act, "eos")
+                if self._next_segment(act):
+                    prefill.append(act)
+                else:
+                    self._finish(act, "eos")
                 continue
             stepping.append(act)
             code0.append(c0)
         items: list[DecodeItem] = []
         owners: list[_Active] = []
+        ended: list[_Active] = []
         # 3. code predictor for all stepping streams in one call
         if stepping:
             t0 = time.perf_counter()
@@ -255,16 +288,21 @@ class Engine:
                 act.pending.append(frame)
                 act.history.add(int(code0[k]))
                 self.stats["frames"] += 1
-                step = len(act.codes) - 1
-                prompt = act.stream.prompt
+                step = act.segment_frames
+                act.segment_frames += 1
+                if act.segment_frames >= act.frame_limit:
+                    if self._next_segment(act):
+                        prefill.append(act)
+                    else:
+                        ended.append(act)  # no next talker step: ends once its audio is flushed
+                    continue
+                prompt = act.prompt
                 text = prompt.trailing[step] if step < len(prompt.trailing) else prompt.pad_row
-                if len(act.codes) >= act.frame_limit:
-                    continue  # no next talker step: the stream ends after its audio is flushed
                 items.append(DecodeItem(act.seq, act.pos, (out.frame_embedding[k] + text)[None]))
                 owners.append(act)
-        # 4. prompts of admitted streams join the same decode
-        for act in admitted:
-            items.append(DecodeItem(act.seq, 0, act.stream.prompt.rows))
+        # 4. prompts of admitted streams and new segments join the same decode
+        for act in prefill:
+            items.append(DecodeItem(act.seq, 0, act.prompt.rows))
             owners.append(act)
         if items:
             t0 = time.perf_counter()
@@ -276,14 +314,13 @@ class Engine:
                 act.timings["talker_s"] += dt
         # 5. audio
         for act in stepping:
-            if act.seq not in self._active:
+            if act.seq not in self._active or act.stream.cancelled:
                 continue
-            done = len(act.codes) >= act.frame_limit
             target = self.settings.chunk_frames[min(act.chunk_index, len(self.settings.chunk_frames) - 1)]
-            if len(act.pending) >= target or (done and act.pending):
+            if len(act.pending) >= target:
                 self._emit_audio(act)
-            if done:
-                self._finish(act, act.limit_reason)
+        for act in ended:
+            self._finish(act, act.limit_reason)
         self.stats["iterations"] += 1
 
     def _emit_audio(self, act: _Active) -> None:
@@ -314,5 +351,5 @@ class Engine:
         self.stats["streams_done"] += 1
         if reason == "cancelled":
             self.stats["cancelled"] += 1
-        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=stream.prompt.text_tokens,
+        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=stream.text_tokens,
                                     finish_reason=reason, codes=codes, error=error, timings=timings))

@@ -54,3 +54,31 @@ def tiny_cv() -> Path:
 @pytest.fixture(scope="session")
 def tiny0b6_cv_bf16() -> Path:
     return official_checkpoint("tiny0b6_cv_bf16")
+
+
+def _converter_digest() -> str:
+    h = hashlib.sha256(_builder_digest().encode())
+    for path in sorted((ROOT / "qwen3_tts_gguf" / "convert").glob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def converted_model(name: str, quant: str = "f32") -> Path:
+    """A converted model folder of checkpoint `name` (cached; rebuilt when the converter changes)."""
+    from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
+
+    out = CACHE / "converted" / f"{name}-{quant}-{_converter_digest()}"
+    if not (out / "manifest.json").exists():
+        convert_checkpoint(official_checkpoint(name), out, quant, overwrite=True, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def converted_factory():
+    """Call with (checkpoint name, quant); returns a converted model folder."""
+    return converted_model
+
+
+@pytest.fixture(scope="session")
+def tiny_cv_f32() -> Path:
+    return converted_model("tiny_cv", "f32")

@@ -1,8 +1,8 @@
 """The converter's self-check: reload what was written and run one forward pass of each graph.
 
-Talker and code predictor are compared with plain-numpy forwards computed from the source
-weights (`numpy_reference`); the codec graph must decode a few frames identically whole and in
-chunks, inside [-1, 1]. A conversion that fails any check is not reported as a success.
+Each graph is compared with a plain-numpy forward computed from the source weights
+(`numpy_reference`, `codec_reference`); the codec graph must also decode a few frames identically
+whole and in chunks. A conversion that fails any check is not reported as a success.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import Checkpoint
+from .codec_reference import decode_codes
 from .numpy_reference import code_predictor_logits, decoder_stack
 
 # relative RMS error of the talker's logits against an f32 numpy forward, per weight format
 TALKER_REL_RMS = {"f32": 1e-4, "bf16": 0.03, "f16": 0.01, "q8_0": 0.06, "q5_k_m": 0.15, "q4_k_m": 0.3}
 PREDICTOR_REL_RMS = 1e-4  # fp32 graph
-CODEC_CHUNK_TOL = 1e-4  # fp32 rounding-order noise of the deep conv stack (about 4e-5 measured)
+CODEC_TOL = 2e-4  # fp32 rounding-order noise of the deep conv stack (4e-5 tiny, 6e-5 real shape measured)
 
 
 class VerificationError(RuntimeError):
@@ -70,12 +71,13 @@ def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
                                 f"weights' {ref_codes.tolist()}")
 
     codec = CodecDecoder(folder / CODEC_FILE, threads=1)
-    codes = rng.integers(0, 2048, (4, 16))
+    codes = rng.integers(0, cfg.codec.codebook_size, (3, 16))
     whole = codec.decode_all(codes)
     first, state = codec.decode(codes[:1])
     rest, _ = codec.decode(codes[1:], state)
-    chunked = np.concatenate([first, rest])
-    report["codec_chunk_max_abs"] = diff = float(np.abs(whole - chunked).max())
-    if not np.isfinite(whole).all() or np.abs(whole).max() > 1 or diff > CODEC_CHUNK_TOL:
-        raise VerificationError(f"codec decoder is inconsistent: chunked vs whole differ by {diff:.3g}")
+    report["codec_chunk_max_abs"] = chunk_diff = float(np.abs(whole - np.concatenate([first, rest])).max())
+    report["codec_max_abs"] = diff = float(np.abs(whole - decode_codes(ckpt.codec_weights, cfg.codec, codes)).max())
+    if not np.isfinite(whole).all() or diff > CODEC_TOL or chunk_diff > CODEC_TOL:
+        raise VerificationError(f"codec decoder differs from the source weights by {diff:.3g} "
+                                f"(chunked vs whole: {chunk_diff:.3g})")
     return report
