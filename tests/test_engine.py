@@ -1,0 +1,162 @@
+"""The engine against the official generate: codes frame for frame, audio within tolerance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+from qwen3_tts_gguf.prompt import PromptError, VoiceSpec
+from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
+from qwen3_tts_gguf.sampler import SamplingParams
+from qwen3_tts_gguf.scheduler import Engine
+from tests.reference.runner import official_generate
+
+FRAMES = 40
+# Both sides are fp32 renderings of the same math: PyTorch's own fp32 differs from fp64 by up to
+# ~8e-5 on these fixtures and ONNX Runtime's by ~5e-5 (codec-streaming-notes.md), so their peak
+# difference reaches ~1.2e-4 on a few samples; the RMS difference stays ~1e-6.
+AUDIO_TOL = 2e-4
+AUDIO_RMS_TOL = 1e-5
+GREEDY = SamplingParams(greedy=True)
+
+CASES = [  # (checkpoint, text, speaker, language, instruct, text_mode)
+    ("tiny_cv", "Hello world, this is a parity test.", "ryan", "english", None, "non-streaming"),
+    ("tiny_cv", "Hello world, this is a parity test.", "ryan", "english", None, "streaming"),
+    ("tiny_cv", "你好，欢迎使用。今天天气很好。", "vivian", "chinese", None, "non-streaming"),
+    ("tiny_cv", "你好，我是成都人。", "eric", "auto", None, "streaming"),  # dialect speaker, auto language
+    ("tiny_cv", "OpenAI and McDonald's use JavaScript iPhone APIs.", "aiden", "auto", "Speak slowly.", "non-streaming"),
+    ("tiny0b6_cv_bf16", "你好，欢迎使用。Hello there.", "serena", "auto", None, "non-streaming"),
+    ("tiny_vd", "A designed voice speaks in English.", None, "english", "A calm, low elderly voice.", "non-streaming"),
+    ("tiny_vd", "设计的声音。", None, "auto", "Bright young female voice.", "streaming"),
+]
+
+
+def greedy_request(text, speaker=None, language="auto", instruct=None, text_mode=None, frames=FRAMES, **kw):
+    return SynthesisRequest(text, VoiceSpec(speaker=speaker, language=language, instruct=instruct),
+                            text_mode=text_mode, talker=TalkerSampling(GREEDY), code_predictor=GREEDY,
+                            seed=0, max_frames=frames, ignore_eos=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def engines(converted_factory):
+    opened = {}
+
+    def get(name: str) -> Engine:
+        if name not in opened:
+            model = LoadedModel(converted_factory(name, "f32"), EngineSettings(deterministic=True, max_streams=4))
+            opened[name] = Engine(model).start()
+        return opened[name]
+
+    yield get
+    for engine in opened.values():
+        engine.stop()
+        engine.model.close()
+
+
+def run(engine: Engine, request: SynthesisRequest):
+    stream = engine.submit(request)
+    chunks = list(stream)
+    wav = np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.float32)
+    return stream.result, chunks, wav
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}-{c[3]}-{c[5]}")
+def test_codes_and_audio_equal_official_generate(case, engines, checkpoint_factory):
+    name, text, speaker, language, instruct, text_mode = case
+    result, chunks, wav = run(engines(name), greedy_request(text, speaker, language, instruct, text_mode))
+    ref_codes, ref_wav = official_generate(checkpoint_factory(name), text, speaker=speaker, language=language,
+                                           instruct=instruct, non_streaming=text_mode == "non-streaming",
+                                           frames=FRAMES)
+    assert result.finish_reason == "max_frames" and result.frames == FRAMES
+    np.testing.assert_array_equal(result.codes, ref_codes)
+    assert wav.shape == ref_wav.shape
+    assert np.abs(wav - ref_wav).max() < AUDIO_TOL
+    assert np.sqrt(np.mean((wav - ref_wav) ** 2)) < AUDIO_RMS_TOL
+    # first audio after the first frame, then chunks growing to 8 frames
+    assert [c.n_frames for c in chunks][:5] == [1, 2, 4, 8, 8]
+    assert sum(c.n_frames for c in chunks) == FRAMES
+
+
+def test_four_concurrent_streams_equal_separate_runs(engines):
+    engine = engines("tiny_cv")
+    requests = [
+        greedy_request("Hello world, this is a parity test.", "ryan", "english", frames=18),
+        greedy_request("你好，欢迎使用。", "vivian", "chinese", frames=25, text_mode="streaming"),
+        SynthesisRequest("Sampled with a seed.", VoiceSpec(speaker="aiden"), seed=7, max_frames=21, ignore_eos=True),
+        SynthesisRequest("Another sampled one.", VoiceSpec(speaker="sohee"), seed=9, max_frames=12, ignore_eos=True,
+                         code_predictor=SamplingParams(temperature=0.7, top_k=20, top_p=0.9)),
+    ]
+    separate = [run(engine, r)[0].codes for r in requests]
+    streams = [engine.submit(r) for r in requests]
+    together = []
+    for s in streams:
+        list(s)
+        together.append(s.result.codes)
+    for a, b in zip(separate, together):
+        np.testing.assert_array_equal(a, b)
+    assert engine.load()["active"] == 0
+
+
+def test_same_seed_same_audio_different_seed_differs(engines):
+    engine = engines("tiny_cv")
+    base = dict(voice=VoiceSpec(speaker="ryan"), max_frames=10, ignore_eos=True)
+    a = run(engine, SynthesisRequest("Seeded sampling.", seed=123, **base))[0].codes
+    b = run(engine, SynthesisRequest("Seeded sampling.", seed=123, **base))[0].codes
+    c = run(engine, SynthesisRequest("Seeded sampling.", seed=124, **base))[0].codes
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_cancel_frees_the_sequence(engines):
+    engine = engines("tiny_cv")
+    stream = engine.submit(greedy_request("A long one that we stop early.", "ryan", frames=400))
+    received = 0
+    for chunk in stream:
+        received += chunk.n_frames
+        if received >= 3:
+            stream.cancel()
+    assert stream.result.finish_reason == "cancelled"
+    assert stream.result.frames < 400
+    load = engine.load()
+    assert load["active"] == 0 and load["free_slots"] == engine.settings.max_streams
+    assert all(engine.model.talker.length(seq) == 0 for seq in range(engine.settings.max_streams))
+
+
+def test_runaway_budget_ends_a_stream(converted_factory):
+    settings = EngineSettings(deterministic=True, max_streams=1, budget_base_frames=5, budget_frames_per_token=1)
+    model = LoadedModel(converted_factory("tiny_cv", "f32"), settings)
+    with Engine(model) as engine:
+        stream = engine.submit(SynthesisRequest("Hi there.", VoiceSpec(speaker="ryan"), seed=1, ignore_eos=True))
+        list(stream)
+    assert stream.result.finish_reason == "budget"
+    assert stream.result.frames == 5 + stream.result.text_tokens
+    model.close()
+
+
+def test_long_input_is_split_into_segments_with_continuous_audio(converted_factory):
+    settings = EngineSettings(deterministic=True, max_streams=2, max_segment_chars=40,
+                              budget_base_frames=3, budget_frames_per_token=0)
+    model = LoadedModel(converted_factory("tiny_cv", "f32"), settings)
+    text = "First sentence is here. Second sentence follows it. And a third one ends."
+    with Engine(model) as engine:
+        stream = engine.submit(SynthesisRequest(text, VoiceSpec(speaker="ryan"), seed=1, ignore_eos=True))
+        chunks = list(stream)
+    assert len(stream.prompts) == 3
+    assert stream.result.frames == 9  # 3 segments x 3 frames
+    # one codec state for the whole stream: the audio is the decode of all codes in one go
+    wav = np.concatenate([c.samples for c in chunks])
+    np.testing.assert_allclose(wav, model.codec.decode_all(stream.result.codes), atol=1e-4)
+    model.close()
+
+
+def test_bad_requests(engines):
+    engine = engines("tiny_cv")
+    with pytest.raises(PromptError, match="unknown speaker 'nobody'; valid: vivian"):
+        engine.submit(greedy_request("Hi", "nobody"))
+    with pytest.raises(PromptError, match="unknown language 'elvish'"):
+        engine.submit(greedy_request("Hi", "ryan", language="elvish"))
+    with pytest.raises(PromptError, match="empty"):
+        engine.submit(greedy_request("  ", "ryan"))
+    with pytest.raises(PromptError, match="max_frames"):
+        engine.submit(greedy_request("Hi", "ryan", frames=0))
