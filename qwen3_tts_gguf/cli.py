@@ -21,11 +21,12 @@ class CliError(Exception):
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .checkpoint import CheckpointError
     from .convert.pipeline import convert_checkpoint
+    from .convert.verify import VerificationError
 
     try:
         convert_checkpoint(args.hf_dir, args.output, args.quant, name=args.name, overwrite=args.force,
                            verify=not args.no_verify, threads=args.threads)
-    except (CheckpointError, FileExistsError) as e:
+    except (CheckpointError, FileExistsError, VerificationError) as e:
         raise CliError(str(e)) from e
     return 0
 
@@ -154,6 +155,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 def _cmd_pull(args: argparse.Namespace) -> int:
     from .checkpoint import CheckpointError
     from .convert.pipeline import convert_checkpoint
+    from .convert.verify import VerificationError
     from .download import DownloadError, download_checkpoint
     from .paths import model_base_dir
 
@@ -162,7 +164,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     try:
         source = args.from_dir or download_checkpoint(args.repo_id, args.source)
         convert_checkpoint(source, out, args.quant, overwrite=args.force)
-    except (DownloadError, CheckpointError, FileExistsError) as e:
+    except (DownloadError, CheckpointError, FileExistsError, VerificationError) as e:
         raise CliError(str(e)) from e
     print(f"ready: {out}")
     return 0

@@ -115,15 +115,26 @@ def make_random_checkpoint(out_dir: str | Path, shape: str = "tiny", model_type:
         del talker
         codec = {name: _random_tensor(name, shp, rng)
                  for name, shp in expected_codec_decoder_shapes(cfg.codec).items()}
-        # keep the waveform mostly inside [-1, 1]: a small last conv
-        last = max(k for k in codec if k.startswith("decoder.decoder.") and k.endswith("conv.weight"))
-        codec[last] *= 0.05
+        _calibrate_codec(codec, cfg.codec, rng)
         write_safetensors(tmp / "speech_tokenizer" / "model.safetensors", codec)
         tmp.rename(out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _calibrate_codec(codec: dict, cfg, rng: np.random.Generator) -> None:
+    """Scale the last conv so the waveform has std ~0.25 (random weights otherwise clip hard)."""
+    from .convert.codec_reference import decode_codes
+
+    last = len(cfg.upsample_rates) + 2
+    weight, bias = f"decoder.decoder.{last}.conv.weight", f"decoder.decoder.{last}.conv.bias"
+    codec[bias] = np.zeros_like(codec[bias])
+    probe = dict(codec)
+    probe[weight] = codec[weight] * 1e-3  # stay far from the clamp while measuring
+    std = float(np.std(decode_codes(probe, cfg, rng.integers(0, cfg.codebook_size, (3, 16)), dtype=np.float32)))
+    codec[weight] = (probe[weight] * (0.25 / max(std, 1e-12))).astype(np.float32)
 
 
 def _speaker_encoder_tensors(sc: dict, rng: np.random.Generator) -> dict:

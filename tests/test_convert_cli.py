@@ -1,0 +1,165 @@
+"""The converter's contract: refusals, atomic output, manifest, make-random, the command line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from qwen3_tts_gguf.checkpoint import Checkpoint, CheckpointError
+from qwen3_tts_gguf.convert import pipeline
+from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
+from qwen3_tts_gguf.manifest import ModelFolderError, load_manifest
+from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+from qwen3_tts_gguf.random_checkpoint import make_random_checkpoint
+from qwen3_tts_gguf.safetensors_io import SafetensorsFile, write_safetensors
+from tests.conftest import ROOT
+
+
+def _cli(*args, check=True, **kw):
+    return subprocess.run([sys.executable, "-m", "qwen3_tts_gguf", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, check=check, **kw)
+
+
+@pytest.fixture
+def ckpt_copy(tiny_cv, tmp_path):
+    """A writable copy of the tiny checkpoint (to break it in various ways)."""
+    dst = tmp_path / "ckpt"
+    shutil.copytree(tiny_cv, dst)
+    return dst
+
+
+def test_manifest_describes_the_model(tiny_cv, tmp_path):
+    m = convert_checkpoint(tiny_cv, tmp_path / "m", "f32", show_progress=False)
+    on_disk = load_manifest(tmp_path / "m", verify_hashes=True)
+    assert on_disk.model_type == m.model_type == "custom_voice" and on_disk.model_size == "1.7b"
+    assert on_disk.speakers["eric"] == {"id": 2875, "dialect": "sichuan_dialect"}
+    assert on_disk.languages["english"] == 2050 and on_disk.languages["beijing_dialect"] == 2074
+    assert on_disk.default_text_mode == "non-streaming" and on_disk.instruct_supported
+    assert on_disk.sampling["repetition_penalty"] == 1.05 and on_disk.sampling["subtalker_top_k"] == 50
+    assert on_disk.codec_ids["eos"] == 2150 and on_disk.text_ids["tts_pad"] == 151671
+    assert on_disk.tokenizer["pretokenizer"] == "mistral-fixed"
+    assert {"talker.gguf", "code_predictor.onnx", "codec_decoder.onnx", "text_tables.safetensors",
+            "vocab.json", "merges.txt", "tokenizer_config.json"} <= set(on_disk.files)
+    checks = on_disk.source["self_check"]
+    assert checks["talker_logits_rel_rms"] < 1e-4 and checks["codec_max_abs"] < 2e-4
+
+
+def test_defaults_per_model_type(checkpoint_factory, tmp_path):
+    vd = convert_checkpoint(checkpoint_factory("tiny_vd"), tmp_path / "vd", "f32", show_progress=False, verify=False)
+    assert vd.speakers == {} and vd.instruct_supported and vd.default_text_mode == "non-streaming"
+    assert "sichuan_dialect" not in vd.languages
+    small = convert_checkpoint(checkpoint_factory("tiny0b6_cv_bf16"), tmp_path / "s", "q8_0", show_progress=False)
+    assert small.model_size == "0.6b" and not small.instruct_supported  # the wrapper drops it on 0.6B
+    assert small.source["self_check"]["talker_logits_rel_rms"] < 0.06
+    base = convert_checkpoint(checkpoint_factory("tiny_base"), tmp_path / "b", "f32", show_progress=False, verify=False)
+    assert base.default_text_mode == "streaming" and not base.instruct_supported
+
+
+def test_refuses_missing_files(ckpt_copy, tmp_path):
+    (ckpt_copy / "speech_tokenizer" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="missing speech_tokenizer/model.safetensors"):
+        convert_checkpoint(ckpt_copy, tmp_path / "out", "f32", show_progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("tokenizer_type", "qwen3_tts_tokenizer_25hz", "only the 12 Hz models"),
+    ("tts_model_type", "voice_morph", "unknown tts_model_type 'voice_morph'"),
+])
+def test_refuses_25hz_and_unknown_types(ckpt_copy, tmp_path, field, value, message):
+    config = json.loads((ckpt_copy / "config.json").read_text())
+    config[field] = value
+    (ckpt_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        convert_checkpoint(ckpt_copy, tmp_path / "out", "f32", show_progress=False)
+
+
+def test_refuses_a_tensor_that_does_not_match_its_config(ckpt_copy, tmp_path):
+    config = json.loads((ckpt_copy / "config.json").read_text())
+    config["talker_config"]["intermediate_size"] += 1
+    (ckpt_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"mlp.gate_proj.weight has shape \[128, 64\] but config.json implies \[129, 64\]"):
+        Checkpoint.open(ckpt_copy)
+
+
+def test_refuses_a_dropped_tensor(ckpt_copy):
+    f = SafetensorsFile(ckpt_copy / "model.safetensors")
+    tensors = {k: np.array(f[k]) for k in f if k != "talker.text_projection.linear_fc1.bias"}  # copies: the file is rewritten
+    del f
+    write_safetensors(ckpt_copy / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError, match="no tensor talker.text_projection.linear_fc1.bias"):
+        Checkpoint.open(ckpt_copy)
+
+
+def test_refuses_a_truncated_safetensors(ckpt_copy):
+    path = ckpt_copy / "speech_tokenizer" / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        Checkpoint.open(ckpt_copy)
+
+
+def test_interrupted_conversion_leaves_no_output(tiny_cv, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "write_text_tables", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert_checkpoint(tiny_cv, tmp_path / "out", "f32", show_progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_is_not_overwritten_without_force(tiny_cv, tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(FileExistsError):
+        convert_checkpoint(tiny_cv, tmp_path / "out", "f32", show_progress=False)
+
+
+def test_damaged_model_folders_are_refused_clearly(tiny_cv_f32, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_cv_f32, broken)
+    (broken / "codec_decoder.onnx").unlink()
+    with pytest.raises(ModelFolderError, match="codec_decoder.onnx is missing"):
+        LoadedModel(broken, EngineSettings())
+    shutil.copy(tiny_cv_f32 / "codec_decoder.onnx", broken / "codec_decoder.onnx")
+    with open(broken / "talker.gguf", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(ModelFolderError, match="talker.gguf has 1000 bytes"):
+        LoadedModel(broken, EngineSettings())
+    with pytest.raises(ModelFolderError, match="no manifest.json"):
+        LoadedModel(tmp_path, EngineSettings())
+
+
+def test_make_random_then_convert_then_synth_offline(tmp_path):
+    """The offline try-out of the README: numpy-only checkpoint, conversion, speech."""
+    ckpt = _cli("make-random", tmp_path / "rnd", "--shape", "tiny", "--type", "custom_voice")
+    assert "wrote a random tiny custom_voice checkpoint" in ckpt.stdout
+    convert = _cli("convert", tmp_path / "rnd", "-o", tmp_path / "model", "--quant", "q8_0")
+    assert "converted" in convert.stdout
+    synth = _cli("synth", "Hello from a random model.", "--model", tmp_path / "model", "--max-frames", "6",
+                 "--ignore-eos", "--seed", "3", "-o", tmp_path / "out.flac")
+    assert "6 frames" in synth.stderr
+    import soundfile as sf
+
+    audio, rate = sf.read(tmp_path / "out.flac")
+    assert rate == 24000 and len(audio) == 6 * 1920
+
+
+def test_make_random_real_shape_layout_matches_the_official_names(tmp_path):
+    """make-random's tensor names and shapes are the official ones (checked against the config)."""
+    out = make_random_checkpoint(tmp_path / "vd", "tiny", "voice_design", seed=1)
+    ckpt = Checkpoint.open(out)
+    assert ckpt.weights.dtype_of("talker.codec_head.weight") == "BF16"
+    assert ckpt.codec_weights.dtype_of("decoder.pre_conv.conv.weight") == "F32"
+
+
+def test_cli_errors_are_one_line_with_exit_code(tmp_path):
+    r = _cli("convert", tmp_path / "nothing", "-o", tmp_path / "out", check=False)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    r = _cli("synth", "hi", "--model", tmp_path, check=False)
+    assert r.returncode == 2 and "no manifest.json" in r.stderr and "Traceback" not in r.stderr
