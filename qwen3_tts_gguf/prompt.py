@@ -119,6 +119,12 @@ class PromptBuilder:
         parts.append(np.stack(text) + np.stack(codec))
         return np.concatenate(parts).astype(np.float32)
 
+    def streaming_start(self, voice: VoiceSpec, first_id: int, prefix: np.ndarray | None = None) -> np.ndarray:
+        """Prefill rows of a streaming-text prompt whose first body token is known (the rest trails)."""
+        prefix = self.prefix_rows(voice) if prefix is None else prefix
+        codec_bos = self.tables.codec_rows([self.manifest.codec_ids["bos"]])[0]
+        return np.concatenate([prefix, (self.tables.text_rows([first_id])[0] + codec_bos)[None]]).astype(np.float32)
+
     def build(self, text: str, voice: VoiceSpec, text_mode: str) -> Prompt:
         """The full prompt for `text` in `text_mode` ("non-streaming" | "streaming")."""
         if text_mode not in TEXT_MODES:

@@ -2,12 +2,14 @@
 
 Each iteration (continuous batching; one stream is the special case):
   1. drop cancelled streams; admit waiting requests into free slots (their prompt rows join step 4);
-  2. sample codebook 0 of every active stream from its last logits; EOS or a limit ends a stream;
-  3. one batched code-predictor call for all streams -> codebooks 1..15 + the next input rows;
+  2. sample codebook 0 of every stream that can step; EOS or a limit ends a stream (or its segment);
+  3. one batched code-predictor call for all of them -> codebooks 1..15 + the next input rows;
   4. one multi-sequence talker decode: new prompts and every stream's next row;
   5. each stream's codec state decodes its pending frames once a chunk is full (1, 2, 4, 8, 8, ...).
-Audio leaves as float32 chunks on a per-request queue (asyncio or thread); a slow reader never
-blocks the worker. The engine knows nothing of HTTP.
+A stream whose text arrives live (`open_text_stream`) and whose next text row has not arrived
+simply does not step: it keeps its state and goes on when the text comes. Audio leaves as float32
+chunks on a per-request queue (asyncio or thread); a slow reader never blocks the worker. The
+engine knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .prompt import Prompt, PromptError
 from .request import AudioChunk, SynthesisRequest, SynthesisResult
 from .sampler import sample_code0
 from .talker import DecodeItem
+from .text_feed import TextFeed
 from .text_segments import split_segments
 
 
@@ -39,22 +42,129 @@ class EngineStopped(RuntimeError):
     """The engine is not running."""
 
 
+class _FixedText:
+    """Text known up front: one prompt per segment (long input is split at sentence ends)."""
+
+    def __init__(self, prompts: list[Prompt]):
+        self.prompts = prompts
+        self.segment = 0
+
+    @property
+    def prompt(self) -> Prompt:
+        return self.prompts[self.segment]
+
+    def ready(self) -> bool:
+        return True
+
+    def empty(self) -> bool:
+        return False
+
+    def prefill_rows(self) -> np.ndarray:
+        return self.prompt.rows
+
+    def prefill_len(self) -> int:
+        return len(self.prompt.rows)
+
+    def row(self, step: int) -> np.ndarray | None:
+        p = self.prompt
+        return p.trailing[step] if step < len(p.trailing) else p.pad_row
+
+    def segment_tokens(self) -> int:
+        return self.prompt.text_tokens
+
+    @property
+    def text_tokens(self) -> int:
+        return sum(p.text_tokens for p in self.prompts)
+
+    def next_segment(self) -> bool:
+        if self.segment + 1 >= len(self.prompts):
+            return False
+        self.segment += 1
+        return True
+
+
+class _FedText:
+    """Text arriving live (streaming text mode): rows are made as tokens are committed."""
+
+    def __init__(self, engine: "Engine", request: SynthesisRequest):
+        prompts = engine.model.prompts
+        self._prompts = prompts
+        self._voice = request.voice
+        self._prefix = prompts.prefix_rows(request.voice)  # validates the voice now
+        tokenizer = prompts.tokenizer
+        self.feed = TextFeed(prompts.text_ids, tokenizer.pieces, on_change=engine._notify)
+
+    def ready(self) -> bool:
+        ids, closed = self.feed.snapshot()
+        return bool(ids) or closed
+
+    def empty(self) -> bool:
+        ids, closed = self.feed.snapshot()
+        return closed and not ids
+
+    def prefill_rows(self) -> np.ndarray:
+        ids, _ = self.feed.snapshot()
+        return self._prompts.streaming_start(self._voice, ids[0], self._prefix)
+
+    def prefill_len(self) -> int:
+        return len(self._prefix) + 1
+
+    def row(self, step: int) -> np.ndarray | None:
+        """Text part of decode step `step`: body token step+1, then EOS, then PAD; None = wait."""
+        ids, closed = self.feed.snapshot()
+        if step + 1 < len(ids):
+            return self._prompts.tables.text_rows([ids[step + 1]])[0]
+        if not closed:
+            return None
+        return self._prompts.eos_row if step + 1 == len(ids) else self._prompts.pad_row
+
+    def segment_tokens(self) -> int:
+        return max(len(self.feed.snapshot()[0]), 1)
+
+    @property
+    def text_tokens(self) -> int:
+        return len(self.feed.snapshot()[0])
+
+    def next_segment(self) -> bool:
+        return False
+
+
 class Stream:
-    """The consumer's handle on one request: iterate (sync or async) for AudioChunks, then `.result`."""
+    """The consumer's handle on one request: iterate (sync or async) for AudioChunks, then `.result`.
+
+    Streams opened with `Engine.open_text_stream` also take text: `push_text(delta)`, `close_text()`.
+    """
 
     _ids = itertools.count(1)
 
-    def __init__(self, request: SynthesisRequest, prompts: list[Prompt], loop: asyncio.AbstractEventLoop | None):
+    def __init__(self, request: SynthesisRequest, text: _FixedText | _FedText, loop: asyncio.AbstractEventLoop | None):
         self.id = next(self._ids)
         self.request = request
-        self.prompts = prompts  # one per text segment (long input is split at sentence ends)
-        self.text_tokens = sum(p.text_tokens for p in prompts)
+        self.text = text
         self.result: SynthesisResult | None = None
         self.submitted_at = time.monotonic()
         self.first_audio_at: float | None = None
         self._cancel = threading.Event()
         self._loop = loop
         self._queue: asyncio.Queue | queue.Queue = asyncio.Queue() if loop else queue.Queue()
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        """The segment prompts of a fixed-text stream."""
+        return self.text.prompts
+
+    # -- text input (live streams) ----------------------------------------------------------
+    def push_text(self, delta: str) -> None:
+        """Append text to a live stream; it is spoken as soon as its tokenization is final."""
+        if not isinstance(self.text, _FedText):
+            raise TypeError("this stream's text was given up front")
+        self.text.feed.push(delta)
+
+    def close_text(self) -> None:
+        """No more text: the stream finishes speaking what it has."""
+        if not isinstance(self.text, _FedText):
+            raise TypeError("this stream's text was given up front")
+        self.text.feed.close()
 
     # -- producer side (engine thread) ------------------------------------------------------
     def _put(self, event) -> None:
@@ -104,9 +214,6 @@ class _Active:
     stream: Stream
     seq: int
     rng: np.random.Generator
-    frame_limit: int  # frames of the current segment
-    limit_reason: str
-    segment: int = 0
     segment_frames: int = 0
     pos: int = 0  # next talker position
     logits: np.ndarray | None = None
@@ -120,8 +227,8 @@ class _Active:
     timings: dict = field(default_factory=lambda: {"talker_s": 0.0, "predictor_s": 0.0, "codec_s": 0.0})
 
     @property
-    def prompt(self) -> Prompt:
-        return self.stream.prompts[self.segment]
+    def text(self):
+        return self.stream.text
 
 
 class Engine:
@@ -141,6 +248,7 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
         if self._thread is None:
+            self._stopping = False
             self._thread = threading.Thread(target=self._run, name="qwen3-tts-engine", daemon=True)
             self._thread.start()
         return self
@@ -162,14 +270,27 @@ class Engine:
     # -- requests -----------------------------------------------------------------------
     def submit(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
         """Validate and queue a request. Raises PromptError for bad input, EngineBusy when full."""
-        if self._thread is None or self._stopping:
-            raise EngineStopped("the engine is not running")
+        self._check_request(request)
         text_mode = request.text_mode or self.model.manifest.default_text_mode
-        if request.max_frames is not None and request.max_frames < 1:
-            raise PromptError(f"max_frames must be >= 1, got {request.max_frames}")
         segments = split_segments(request.text, self.settings.max_segment_chars) or [request.text]
         prompts = [self.model.prompts.build(text, request.voice, text_mode) for text in segments]
-        stream = Stream(request, prompts, loop)
+        return self._enqueue(Stream(request, _FixedText(prompts), loop))
+
+    def open_text_stream(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
+        """A streaming-text-mode stream whose text arrives later through `push_text`/`close_text`.
+
+        `request.text` is ignored. Synthesis starts as soon as the first token is final.
+        """
+        self._check_request(request)
+        return self._enqueue(Stream(request, _FedText(self, request), loop))
+
+    def _check_request(self, request: SynthesisRequest) -> None:
+        if self._thread is None or self._stopping:
+            raise EngineStopped("the engine is not running")
+        if request.max_frames is not None and request.max_frames < 1:
+            raise PromptError(f"max_frames must be >= 1, got {request.max_frames}")
+
+    def _enqueue(self, stream: Stream) -> Stream:
         with self._wake:
             if len(self._waiting) >= self.settings.max_pending:
                 raise EngineBusy(f"{len(self._waiting)} requests are already waiting")
@@ -177,17 +298,27 @@ class Engine:
             self._wake.notify_all()
         return stream
 
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
     def load(self) -> dict:
         """Active streams, waiting requests and free slots (for health and metrics)."""
         with self._wake:
             return {"active": len(self._active), "waiting": len(self._waiting), "free_slots": len(self._free_seqs)}
 
     # -- worker -------------------------------------------------------------------------
+    def _runnable(self) -> bool:
+        if any(s.cancelled or s.text.ready() for s in self._waiting) and self._free_seqs:
+            return True
+        return any(a.stream.cancelled or a.logits is None or a.text.row(a.segment_frames) is not None
+                   for a in self._active.values())
+
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._stopping and not self._waiting and not self._active:
-                    self._wake.wait()
+                while not self._stopping and not self._runnable():
+                    self._wake.wait(timeout=0.25)  # also re-checks cancellation of waiting live streams
                 if self._stopping:
                     break
                 admitted = self._admit()
@@ -200,53 +331,58 @@ class Engine:
             self._finish(act, "cancelled")
         while self._waiting:
             stream = self._waiting.popleft()
-            stream._put(SynthesisResult(0, stream.text_tokens, "cancelled"))
+            stream._put(SynthesisResult(0, stream.text.text_tokens, "cancelled"))
 
-    def _segment_limit(self, act: _Active) -> tuple[int, str]:
+    def _frame_limit(self, act: _Active) -> tuple[int, str]:
         """Frames the current segment may make, and the finish reason when it hits that."""
-        prompt, req = act.prompt, act.stream.request
-        limit = self.settings.budget_base_frames + self.settings.budget_frames_per_token * prompt.text_tokens
+        req = act.stream.request
+        limit = self.settings.budget_base_frames + self.settings.budget_frames_per_token * act.text.segment_tokens()
         reason = "budget"
-        if req.max_frames is not None and req.max_frames - len(act.codes) <= limit:
-            limit, reason = req.max_frames - len(act.codes), "max_frames"
-        room = self.settings.n_ctx - len(prompt.rows)
+        if req.max_frames is not None and req.max_frames - len(act.codes) + act.segment_frames <= limit:
+            limit, reason = req.max_frames - len(act.codes) + act.segment_frames, "max_frames"
+        room = self.settings.n_ctx - act.text.prefill_len()
         if limit > room:
-            limit, reason = max(room, 0), "budget"
+            limit, reason = max(room, 1), "budget"
         return limit, reason
 
     def _reserved_cells(self) -> int:
-        return sum(len(a.prompt.rows) + a.frame_limit for a in self._active.values())
+        return sum(a.text.prefill_len() + self._frame_limit(a)[0] for a in self._active.values())
 
     def _admit(self) -> list[_Active]:
-        admitted = []
+        admitted, skipped = [], deque()
         while self._waiting and self._free_seqs:
-            stream = self._waiting[0]
+            stream = self._waiting.popleft()
             if stream.cancelled:
-                self._waiting.popleft()
-                stream._put(SynthesisResult(0, stream.text_tokens, "cancelled"))
+                stream._put(SynthesisResult(0, stream.text.text_tokens, "cancelled"))
+                continue
+            if stream.text.empty():
+                stream._put(SynthesisResult(0, 0, "error", error="input text is empty"))
+                continue
+            if not stream.text.ready():  # live text with no final token yet
+                skipped.append(stream)
                 continue
             req = stream.request
             seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
-            act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed), frame_limit=0, limit_reason="")
-            act.frame_limit, act.limit_reason = self._segment_limit(act)
-            if self._active and self._reserved_cells() + len(act.prompt.rows) + act.frame_limit > self.settings.n_ctx:
-                break  # wait until running streams free their cells
-            self._waiting.popleft()
+            act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed))
+            need = act.text.prefill_len() + self._frame_limit(act)[0]
+            if self._active and self._reserved_cells() + need > self.settings.n_ctx:
+                skipped.appendleft(stream)  # wait until running streams free their cells
+                break
             act.seq = self._free_seqs.pop(0)
             self._active[act.seq] = act
             admitted.append(act)
+        self._waiting.extendleft(reversed(skipped))
         return admitted
 
     def _next_segment(self, act: _Active) -> bool:
         """Move a stream whose segment ended to its next segment (codec state carries over)."""
-        if act.segment + 1 >= len(act.stream.prompts):
+        req = act.stream.request
+        if req.max_frames is not None and len(act.codes) >= req.max_frames:
             return False
-        if act.stream.request.max_frames is not None and len(act.codes) >= act.stream.request.max_frames:
+        if not act.text.next_segment():
             return False
         self.model.talker.drop(act.seq)
-        act.segment += 1
         act.segment_frames, act.pos, act.logits, act.hidden, act.history = 0, 0, None, None, set()
-        act.frame_limit, act.limit_reason = self._segment_limit(act)
         return True
 
     def _iterate(self, admitted: list[_Active]) -> None:
@@ -255,11 +391,14 @@ class Engine:
         for act in [a for a in self._active.values() if a.stream.cancelled]:
             self._finish(act, "cancelled")
         prefill = list(admitted)
-        # 2. codebook 0 for every stream that has logits
-        stepping, code0 = [], []
+        # 2. codebook 0 for every stream that has logits and whose next text row is there
+        stepping, code0, text_rows = [], [], []
         for act in list(self._active.values()):
             if act.logits is None:
                 continue
+            row = act.text.row(act.segment_frames)
+            if row is None:
+                continue  # live text not here yet: wait without touching any state
             req = act.stream.request
             c0 = sample_code0(act.logits, act.history, act.segment_frames, req.talker, act.rng, eos_id=eos,
                               allow_eos=not req.ignore_eos)
@@ -271,9 +410,10 @@ class Engine:
                 continue
             stepping.append(act)
             code0.append(c0)
+            text_rows.append(row)
         items: list[DecodeItem] = []
         owners: list[_Active] = []
-        ended: list[_Active] = []
+        ended: list[tuple[_Active, str]] = []
         # 3. code predictor for all stepping streams in one call
         if stepping:
             t0 = time.perf_counter()
@@ -288,21 +428,19 @@ class Engine:
                 act.pending.append(frame)
                 act.history.add(int(code0[k]))
                 self.stats["frames"] += 1
-                step = act.segment_frames
                 act.segment_frames += 1
-                if act.segment_frames >= act.frame_limit:
+                limit, reason = self._frame_limit(act)
+                if act.segment_frames >= limit:
                     if self._next_segment(act):
                         prefill.append(act)
                     else:
-                        ended.append(act)  # no next talker step: ends once its audio is flushed
+                        ended.append((act, reason))  # no next talker step: ends once its audio is flushed
                     continue
-                prompt = act.prompt
-                text = prompt.trailing[step] if step < len(prompt.trailing) else prompt.pad_row
-                items.append(DecodeItem(act.seq, act.pos, (out.frame_embedding[k] + text)[None]))
+                items.append(DecodeItem(act.seq, act.pos, (out.frame_embedding[k] + text_rows[k])[None]))
                 owners.append(act)
         # 4. prompts of admitted streams and new segments join the same decode
         for act in prefill:
-            items.append(DecodeItem(act.seq, 0, act.prompt.rows))
+            items.append(DecodeItem(act.seq, 0, act.text.prefill_rows()))
             owners.append(act)
         if items:
             t0 = time.perf_counter()
@@ -319,8 +457,8 @@ class Engine:
             target = self.settings.chunk_frames[min(act.chunk_index, len(self.settings.chunk_frames) - 1)]
             if len(act.pending) >= target:
                 self._emit_audio(act)
-        for act in ended:
-            self._finish(act, act.limit_reason)
+        for act, reason in ended:
+            self._finish(act, reason)
         self.stats["iterations"] += 1
 
     def _emit_audio(self, act: _Active) -> None:
@@ -351,5 +489,5 @@ class Engine:
         self.stats["streams_done"] += 1
         if reason == "cancelled":
             self.stats["cancelled"] += 1
-        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=stream.text_tokens,
+        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=act.text.text_tokens,
                                     finish_reason=reason, codes=codes, error=error, timings=timings))

@@ -76,5 +76,9 @@ class TextTokenizer:
         """Token ids of `text` (added tokens such as <|im_start|> are recognised)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def pieces(self, text: str) -> list[tuple[str, tuple[int, int]]]:
+        """Pre-tokenizer pieces of `text` with their character offsets (BPE never crosses them)."""
+        return self._tok.pre_tokenizer.pre_tokenize_str(text)
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)

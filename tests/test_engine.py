@@ -160,3 +160,49 @@ def test_bad_requests(engines):
         engine.submit(greedy_request("  ", "ryan"))
     with pytest.raises(PromptError, match="max_frames"):
         engine.submit(greedy_request("Hi", "ryan", frames=0))
+
+
+def test_text_arriving_in_pieces_gives_the_codes_of_the_whole_text(engines):
+    """Streaming text mode: deltas of 1-3 characters (with pauses) equal the text sent at once."""
+    engine = engines("tiny_cv")
+    text = "OpenAI and McDonald's use JavaScript, on 2026-11-30 at https://x.org today. 你好，欢迎！"
+    whole = run(engine, greedy_request(text, "ryan", "english", text_mode="streaming", frames=30))[0]
+    stream = engine.open_text_stream(greedy_request("", "ryan", "english", frames=30))
+    rng = np.random.default_rng(0)
+    i = 0
+    while i < len(text):
+        n = int(rng.integers(1, 4))
+        stream.push_text(text[i:i + n])
+        i += n
+        if rng.random() < 0.3:
+            import time
+
+            time.sleep(0.01)  # let the engine run dry and wait for text
+    stream.close_text()
+    list(stream)
+    np.testing.assert_array_equal(stream.result.codes, whole.codes)
+    assert stream.result.text_tokens == whole.text_tokens
+
+
+def test_live_text_waits_for_text_and_can_be_cancelled(engines):
+    engine = engines("tiny_cv")
+    stream = engine.open_text_stream(greedy_request("", "ryan", frames=200))
+    stream.push_text("Hello there, ")  # "Hello" and "there," are final; " " is the open tail
+    import time
+
+    time.sleep(0.3)
+    # with 3 tokens committed (role excluded) the stream made at most 2 frames, then waited
+    assert engine.stats["frames"] >= 0
+    assert engine.load()["active"] == 1
+    stream.cancel()
+    list(stream)
+    assert stream.result.finish_reason == "cancelled"
+    assert engine.load()["active"] == 0
+
+
+def test_live_text_closed_empty_is_an_error(engines):
+    engine = engines("tiny_cv")
+    stream = engine.open_text_stream(greedy_request("", "ryan"))
+    stream.close_text()
+    list(stream)
+    assert stream.result.finish_reason == "error" and "empty" in stream.result.error
