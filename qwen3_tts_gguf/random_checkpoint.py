@@ -18,18 +18,7 @@ import numpy as np
 from .checkpoint import expected_codec_decoder_shapes, expected_talker_shapes, parse_config
 from .model_shapes import FIRST_ADDED_ID, checkpoint_configs, tokenizer_config
 from .safetensors_io import write_safetensors
-from .tokenizer import TOKENIZER_FILES
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+from .tokenizer import TOKENIZER_FILES, bytes_to_unicode
 
 
 # the role words of the prompt templates must be single tokens at their Qwen ids, as in the real vocab
@@ -37,7 +26,7 @@ _ROLE_WORDS = {"assistant": 77091, "user": 872}
 
 
 def _write_byte_vocab(out: Path) -> None:
-    vocab = {ch: i for i, ch in enumerate(_bytes_to_unicode().values())}
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
     merges, next_free = [], len(vocab)
     for word, word_id in _ROLE_WORDS.items():
         for end in range(2, len(word) + 1):

@@ -26,6 +26,18 @@ PRETOKENIZERS = {"qwen2": QWEN2_REGEX, "mistral-fixed": MISTRAL_FIXED_REGEX}
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
 def _version_tuple(v: str) -> tuple[int, ...]:
     parts = []
     for p in v.split("."):

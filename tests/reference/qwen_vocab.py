@@ -14,20 +14,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+from qwen3_tts_gguf.tokenizer import bytes_to_unicode
+
 DASHSCOPE_WHEEL = "dashscope==2.0.2"
 TIKTOKEN_MEMBER = "dashscope/resources/qwen.tiktoken"
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
 
 
 def _bpe_split(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
@@ -72,7 +62,7 @@ def write_vocab_files(cache_dir: Path) -> tuple[Path, Path]:
         if line:
             tok, rank = line.split()
             ranks[base64.b64decode(tok)] = int(rank)
-    byte_map = _bytes_to_unicode()
+    byte_map = bytes_to_unicode()
     as_text = lambda b: "".join(byte_map[x] for x in b)  # noqa: E731
     vocab = {as_text(tok): rank for tok, rank in ranks.items()}
     merges = []
