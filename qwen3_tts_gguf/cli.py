@@ -98,7 +98,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
     folder = resolve_model_dir(args.model)
     try:
-        model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1))
+        model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
+                                                   gpu_layers=args.gpu_layers))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -176,6 +177,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="ONNX Runtime provider for the code predictor and codec (cuda needs onnxruntime-gpu)")
+    p.add_argument("--gpu-layers", type=int, default=0,
+                   help="talker layers to offload (llama-cpp-python built with CUDA or Vulkan)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .convert.talker_gguf import QUANTS
 
@@ -225,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wav, flac, mp3, opus, aac or pcm file; '-' writes raw s16le 24 kHz mono to stdout")
     p.add_argument("--codes-out", type=Path, help="save the codes as an int array [frames, 16] (.npy)")
     p.add_argument("--threads", type=int, default=0)
+    _add_device_args(p)
     p.set_defaults(func=_cmd_synth)
 
     p = sub.add_parser("pull", help="download an official checkpoint and convert it into model-base/")
@@ -247,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-streams", type=int, default=8)
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting for a slot before 429")
     p.add_argument("--deterministic", action="store_true", help="F32 KV cache, flash attention off (parity)")
+    _add_device_args(p)
     p.set_defaults(func=_cmd_serve)
     return parser
 

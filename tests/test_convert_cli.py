@@ -163,3 +163,11 @@ def test_cli_errors_are_one_line_with_exit_code(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
     r = _cli("synth", "hi", "--model", tmp_path, check=False)
     assert r.returncode == 2 and "no manifest.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_pull_from_a_downloaded_folder(tiny_cv, tmp_path):
+    r = _cli("pull", "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "--from-dir", tiny_cv, "--quant", "f32",
+             "--output", tmp_path)
+    target = tmp_path / "Qwen3-TTS-12Hz-0.6B-CustomVoice-f32"
+    assert f"ready: {target}" in r.stdout
+    assert load_manifest(target).quant == "f32"

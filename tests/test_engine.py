@@ -206,3 +206,20 @@ def test_live_text_closed_empty_is_an_error(engines):
     stream.close_text()
     list(stream)
     assert stream.result.finish_reason == "error" and "empty" in stream.result.error
+
+
+def test_quantized_talker_reports_code_agreement(converted_factory, record_property):
+    """q8_0 is not exact: report how many greedy frames agree with the f32 model (not asserted equal)."""
+    request = greedy_request("Hello world, this is a parity test.", "ryan", "english", frames=20)
+    codes = {}
+    for quant in ("f32", "q8_0"):
+        model = LoadedModel(converted_factory("tiny_cv", quant), EngineSettings(deterministic=True, max_streams=1))
+        with Engine(model) as engine:
+            codes[quant] = run(engine, request)[0].codes
+        model.close()
+    same = (codes["f32"] == codes["q8_0"]).all(axis=1)
+    prefix = int(np.argmin(same)) if not same.all() else len(same)
+    record_property("q8_0_identical_leading_frames", prefix)
+    record_property("q8_0_codebook0_agreement", float((codes["f32"][:, 0] == codes["q8_0"][:, 0]).mean()))
+    print(f"q8_0 vs f32: {prefix} identical leading frames of 20")
+    assert codes["q8_0"].shape == (20, 16)
