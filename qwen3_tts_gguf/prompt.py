@@ -29,14 +29,23 @@ class PromptError(ValueError):
     """A request the model cannot take (unknown speaker or language, empty text, ...)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class ReferencePrompt:
+    """An in-context clone's reference: its transcript and its codec codes [T, 16]."""
+
+    text: str
+    codes: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
 class VoiceSpec:
-    """Who speaks and how: a named speaker, an x-vector, an instruction, a language."""
+    """Who speaks and how: a named speaker, an x-vector (+ reference), an instruction, a language."""
 
     speaker: str | None = None  # CustomVoice speaker name
     speaker_embedding: np.ndarray | None = None  # Base x-vector [H]
     instruct: str | None = None
     language: str = "auto"
+    reference: ReferencePrompt | None = None  # in-context clone (Base models)
 
 
 @dataclass
@@ -119,6 +128,43 @@ class PromptBuilder:
         parts.append(np.stack(text) + np.stack(codec))
         return np.concatenate(parts).astype(np.float32)
 
+    def ref_text_ids(self, ref_text: str) -> list[int]:
+        """Reference transcript ids, sliced from the official template (ids[3:-2])."""
+        return self.tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")[3:-2]
+
+    def build_icl(self, text: str, voice: VoiceSpec, ref_text: str, ref_codes: np.ndarray, text_mode: str) -> Prompt:
+        """In-context clone prompt (Base models): the reference transcript and codes precede the text.
+
+        Text rows (reference transcript + text + EOS) and codec rows (codec_bos + one frame embedding
+        per reference frame) are paired as the official `generate_icl_prompt` pairs them.
+        """
+        if text_mode not in TEXT_MODES:
+            raise PromptError(f"unknown text mode {text_mode!r}; choose non-streaming or streaming")
+        body = self.text_ids(text)
+        if not text.strip() or not body:
+            raise PromptError("input text is empty")
+        if voice.speaker_embedding is None:
+            raise PromptError("an in-context clone needs the reference speaker embedding")
+        ref_codes = np.asarray(ref_codes, np.int64).reshape(-1, 16)
+        prefix = self.prefix_rows(voice)
+        c = self.manifest.codec_ids
+        codec_pad, codec_bos = self.tables.codec_rows([c["pad"], c["bos"]])
+        text_rows = np.concatenate([self.tables.text_rows(self.ref_text_ids(ref_text) + body), self.eos_row[None]])
+        codec_rows = np.concatenate([codec_bos[None], self.tables.frame_rows(ref_codes)])
+        hidden = prefix.shape[1]
+        if text_mode == "non-streaming":
+            rows = np.concatenate([prefix, text_rows + codec_pad, codec_rows + self.pad_row])
+            trailing = np.zeros((0, hidden), np.float32)
+        elif len(text_rows) > len(codec_rows):
+            rows = np.concatenate([prefix, text_rows[:len(codec_rows)] + codec_rows])
+            trailing = text_rows[len(codec_rows):]
+        else:
+            padded = np.concatenate([text_rows, np.repeat(self.pad_row[None], len(codec_rows) - len(text_rows), 0)])
+            rows = np.concatenate([prefix, padded + codec_rows])
+            trailing = np.zeros((0, hidden), np.float32)
+        return Prompt(rows=rows.astype(np.float32), trailing=trailing.astype(np.float32),
+                      pad_row=self.pad_row, text_tokens=len(body))
+
     def streaming_start(self, voice: VoiceSpec, first_id: int, prefix: np.ndarray | None = None) -> np.ndarray:
         """Prefill rows of a streaming-text prompt whose first body token is known (the rest trails)."""
         prefix = self.prefix_rows(voice) if prefix is None else prefix
@@ -127,6 +173,8 @@ class PromptBuilder:
 
     def build(self, text: str, voice: VoiceSpec, text_mode: str) -> Prompt:
         """The full prompt for `text` in `text_mode` ("non-streaming" | "streaming")."""
+        if voice.reference is not None:
+            return self.build_icl(text, voice, voice.reference.text, voice.reference.codes, text_mode)
         if text_mode not in TEXT_MODES:
             raise PromptError(f"unknown text mode {text_mode!r}; choose non-streaming or streaming")
         body = self.text_ids(text)

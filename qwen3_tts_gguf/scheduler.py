@@ -15,6 +15,7 @@ engine knows nothing of HTTP.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import queue
 import threading
@@ -244,6 +245,7 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0}
+        self._primed: dict[str, CodecState] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -461,9 +463,25 @@ class Engine:
             self._finish(act, reason)
         self.stats["iterations"] += 1
 
+    def _primed_state(self, codes: np.ndarray) -> CodecState:
+        """Decoder state after an in-context clone's reference codes (audio discarded; cached)."""
+        codes = np.ascontiguousarray(codes, np.int64)
+        key = hashlib.sha1(codes.tobytes()).hexdigest()
+        state = self._primed.pop(key, None)
+        if state is None:
+            _, state = self.model.codec.decode(codes)
+        self._primed[key] = state  # most recently used last
+        while len(self._primed) > 8:
+            self._primed.pop(next(iter(self._primed)))
+        return state
+
     def _emit_audio(self, act: _Active) -> None:
         frames = np.stack(act.pending)
         t0 = time.perf_counter()
+        reference = act.stream.request.voice.reference
+        if act.codec_state is None and reference is not None:
+            # the reference frames are the decoder's left context: the first frame already has it
+            act.codec_state = self._primed_state(reference.codes)
         wav, act.codec_state = self.model.codec.decode(frames, act.codec_state)
         act.timings["codec_s"] += time.perf_counter() - t0
         if act.stream.first_audio_at is None:

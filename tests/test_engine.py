@@ -223,3 +223,33 @@ def test_quantized_talker_reports_code_agreement(converted_factory, record_prope
     record_property("q8_0_codebook0_agreement", float((codes["f32"][:, 0] == codes["q8_0"][:, 0]).mean()))
     print(f"q8_0 vs f32: {prefix} identical leading frames of 20")
     assert codes["q8_0"].shape == (20, 16)
+
+
+@pytest.mark.parametrize("name", ["tiny_base", "tiny0b6_base"])
+@pytest.mark.parametrize("mode", ["icl", "xvector"])
+def test_voice_clone_codes_and_audio_equal_official(name, mode, converted_factory, checkpoint_factory):
+    """Base models: codes equal generate_voice_clone; ICL audio equals the official decode of
+    reference + generated codes with exactly n_ref x 1920 samples removed."""
+    from qwen3_tts_gguf.prompt import ReferencePrompt
+    from tests.reference.runner import clone_prompt, official_decode
+
+    model = LoadedModel(converted_factory(name, "f32"), EngineSettings(deterministic=True, max_streams=2))
+    rng = np.random.default_rng(11)
+    xvector = rng.standard_normal(model.tables.hidden_size).astype(np.float32)
+    ref_codes = rng.integers(0, 2048, (9, 16))
+    ref_text = "What the reference clip says."
+    reference = ReferencePrompt(ref_text, ref_codes) if mode == "icl" else None
+    text = "Hello, this is my cloned voice."
+    request = SynthesisRequest(text, VoiceSpec(speaker_embedding=xvector, language="english", reference=reference),
+                               talker=TalkerSampling(GREEDY), code_predictor=GREEDY, max_frames=24, ignore_eos=True)
+    with Engine(model) as engine:
+        result, chunks, wav = run(engine, request)
+    model.close()
+    clone = clone_prompt(xvector, ref_text, ref_codes) if mode == "icl" else clone_prompt(xvector)
+    ref_out, _ = official_generate(checkpoint_factory(name), text, language="english", non_streaming=False,
+                                   frames=24, clone=clone)
+    np.testing.assert_array_equal(result.codes, ref_out)
+    full = official_decode(checkpoint_factory(name), np.concatenate([ref_codes, ref_out]) if reference else ref_out)
+    expected = full[len(ref_codes) * 1920:] if reference else full
+    assert wav.shape == expected.shape
+    assert np.abs(wav - expected).max() < AUDIO_TOL

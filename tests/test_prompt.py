@@ -67,3 +67,40 @@ def test_bad_requests_are_clear(tiny_cv, tmp_path):
     # dialects are speaker properties, not languages a request can name
     with pytest.raises(PromptError, match="unknown language"):
         builder.build("hi", VoiceSpec(speaker="ryan", language="sichuan_dialect"), "non-streaming")
+
+
+ICL_CASES = [  # (checkpoint, text, reference transcript, reference frames, language)
+    ("tiny_base", "Hello, I am a cloned voice speaking.", "This is what the reference says.", 6, "english"),
+    ("tiny_base", "短句。", "A longer reference transcript than the text itself, by far.", 4, "auto"),
+    ("tiny0b6_base", "你好，我是克隆的声音。", "参考音频的文本。", 12, "chinese"),
+]
+
+
+@pytest.mark.parametrize("case", ICL_CASES, ids=lambda c: f"{c[0]}-{c[3]}")
+@pytest.mark.parametrize("text_mode", ["non-streaming", "streaming"])
+def test_clone_prompts_equal_official(case, text_mode, checkpoint_factory, tmp_path):
+    from qwen3_tts_gguf.prompt import ReferencePrompt
+    from tests.reference.runner import clone_prompt
+
+    name, text, ref_text, n_ref, language = case
+    ckpt_dir = checkpoint_factory(name)
+    builder = _builder(ckpt_dir, tmp_path)
+    rng = np.random.default_rng(n_ref)
+    xvector = rng.standard_normal(builder.tables.hidden_size).astype(np.float32)
+    ref_codes = rng.integers(0, 2048, (n_ref, 16))
+    non_streaming = text_mode == "non-streaming"
+    # in-context: transcript + reference codes + x-vector
+    ours = builder.build(text, VoiceSpec(speaker_embedding=xvector, language=language,
+                                         reference=ReferencePrompt(ref_text, ref_codes)), text_mode)
+    rows, trailing, _ = official_prompt(ckpt_dir, text, language=language, non_streaming=non_streaming,
+                                        clone=clone_prompt(xvector, ref_text, ref_codes))
+    np.testing.assert_allclose(ours.rows, rows, atol=TOL)
+    if len(ours.trailing):
+        np.testing.assert_allclose(ours.trailing, trailing, atol=TOL)
+    else:
+        np.testing.assert_allclose(trailing, ours.pad_row[None], atol=TOL)
+    # x-vector only
+    ours = builder.build(text, VoiceSpec(speaker_embedding=xvector, language=language), text_mode)
+    rows, trailing, _ = official_prompt(ckpt_dir, text, language=language, non_streaming=non_streaming,
+                                        clone=clone_prompt(xvector))
+    np.testing.assert_allclose(ours.rows, rows, atol=TOL)

@@ -44,9 +44,32 @@ def text_rows(path: str | Path, ids: list[int]) -> np.ndarray:
         return talker.text_projection(emb)[0].numpy()
 
 
+def clone_prompt(xvector: np.ndarray, ref_text: str | None = None, ref_codes: np.ndarray | None = None):
+    """An official VoiceClonePromptItem: x-vector only, or in-context with transcript + codes."""
+    import torch
+
+    import_qwen_tts()
+    from qwen_tts.inference.qwen3_tts_model import VoiceClonePromptItem
+
+    icl = ref_codes is not None
+    return [VoiceClonePromptItem(
+        ref_code=torch.from_numpy(np.asarray(ref_codes, np.int64)) if icl else None,
+        ref_spk_embedding=torch.from_numpy(np.asarray(xvector, np.float32)),
+        x_vector_only_mode=not icl, icl_mode=icl, ref_text=ref_text)]
+
+
+def _call_wrapper(tts, text, speaker, language, instruct, clone, kwargs):
+    if tts.model.tts_model_type == "voice_design":
+        return tts.generate_voice_design(text=text, instruct=instruct or "", language=language, **kwargs)
+    if tts.model.tts_model_type == "base":
+        return tts.generate_voice_clone(text=text, language=language, voice_clone_prompt=clone, **kwargs)
+    return tts.generate_custom_voice(text=text, speaker=speaker, instruct=instruct, language=language, **kwargs)
+
+
 def official_generate(path: str | Path, text: str, *, speaker: str | None = None, language: str = "Auto",
                       instruct: str | None = None, non_streaming: bool = True, frames: int = 40,
-                      ignore_eos: bool = True, greedy: bool = True, **sampling) -> tuple[np.ndarray, np.ndarray]:
+                      ignore_eos: bool = True, greedy: bool = True, clone=None,
+                      **sampling) -> tuple[np.ndarray, np.ndarray]:
     """Official generate_custom_voice / generate_voice_design: (codes [T, 16], wav).
 
     With ignore_eos the EOS id is moved out of reach (reference-harness.md §3.1), so exactly
@@ -69,13 +92,10 @@ def official_generate(path: str | Path, text: str, *, speaker: str | None = None
         model.config.talker_config.codec_eos_token_id = 10**6
     model.generate = capture
     try:
-        kwargs = dict(max_new_tokens=frames + 1, non_streaming_mode=non_streaming, language=language,
+        kwargs = dict(max_new_tokens=frames + 1, non_streaming_mode=non_streaming,
                       do_sample=not greedy, subtalker_dosample=not greedy, **sampling)
         with torch.no_grad():
-            if model.tts_model_type == "voice_design":
-                wavs, _ = tts.generate_voice_design(text=text, instruct=instruct or "", **kwargs)
-            else:
-                wavs, _ = tts.generate_custom_voice(text=text, speaker=speaker, instruct=instruct, **kwargs)
+            wavs, _ = _call_wrapper(tts, text, speaker, language, instruct, clone, kwargs)
     finally:
         model.generate = original_generate
         model.config.talker_config.codec_eos_token_id = eos
@@ -97,7 +117,7 @@ class _Captured(Exception):
 
 
 def official_prompt(path: str | Path, text: str, *, speaker: str | None = None, language: str = "Auto",
-                    instruct: str | None = None, non_streaming: bool = True):
+                    instruct: str | None = None, non_streaming: bool = True, clone=None):
     """The official talker prefill rows and trailing text rows: (rows [L, H], trailing [M, H], pad [H])."""
     import torch
 
@@ -115,12 +135,7 @@ def official_prompt(path: str | Path, text: str, *, speaker: str | None = None, 
     talker.generate = capture
     try:
         with torch.no_grad():
-            if tts.model.tts_model_type == "voice_design":
-                tts.generate_voice_design(text=text, instruct=instruct or "", language=language,
-                                          non_streaming_mode=non_streaming)
-            else:
-                tts.generate_custom_voice(text=text, speaker=speaker, instruct=instruct, language=language,
-                                          non_streaming_mode=non_streaming)
+            _call_wrapper(tts, text, speaker, language, instruct, clone, dict(non_streaming_mode=non_streaming))
     except _Captured:
         pass
     finally:
