@@ -138,8 +138,10 @@ class Stream:
 
     _ids = itertools.count(1)
 
-    def __init__(self, request: SynthesisRequest, text: _FixedText | _FedText, loop: asyncio.AbstractEventLoop | None):
+    def __init__(self, request: SynthesisRequest, text: _FixedText | _FedText, loop: asyncio.AbstractEventLoop | None,
+                 on_cancel=None):
         self.id = next(self._ids)
+        self._on_cancel = on_cancel
         self.request = request
         self.text = text
         self.result: SynthesisResult | None = None
@@ -179,8 +181,10 @@ class Stream:
 
     # -- consumer side ------------------------------------------------------------------------
     def cancel(self) -> None:
-        """Stop this stream at the next engine iteration and free its slot."""
+        """Stop this stream at the next engine iteration and free its slot (or its queue place)."""
         self._cancel.set()
+        if self._on_cancel is not None:
+            self._on_cancel()
 
     @property
     def cancelled(self) -> bool:
@@ -276,7 +280,7 @@ class Engine:
         text_mode = request.text_mode or self.model.manifest.default_text_mode
         segments = split_segments(request.text, self.settings.max_segment_chars) or [request.text]
         prompts = [self.model.prompts.build(text, request.voice, text_mode) for text in segments]
-        return self._enqueue(Stream(request, _FixedText(prompts), loop))
+        return self._enqueue(Stream(request, _FixedText(prompts), loop, on_cancel=self._notify))
 
     def open_text_stream(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
         """A streaming-text-mode stream whose text arrives later through `push_text`/`close_text`.
@@ -284,7 +288,7 @@ class Engine:
         `request.text` is ignored. Synthesis starts as soon as the first token is final.
         """
         self._check_request(request)
-        return self._enqueue(Stream(request, _FedText(self, request), loop))
+        return self._enqueue(Stream(request, _FedText(self, request), loop, on_cancel=self._notify))
 
     def _check_request(self, request: SynthesisRequest) -> None:
         if self._thread is None or self._stopping:
@@ -304,6 +308,10 @@ class Engine:
         with self._wake:
             self._wake.notify_all()
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and not self._stopping
+
     def load(self) -> dict:
         """Active streams, waiting requests and free slots (for health and metrics)."""
         with self._wake:
@@ -316,11 +324,19 @@ class Engine:
         return any(a.stream.cancelled or a.logits is None or a.text.row(a.segment_frames) is not None
                    for a in self._active.values())
 
+    def _drop_cancelled_waiting(self) -> None:
+        if any(s.cancelled for s in self._waiting):
+            for stream in [s for s in self._waiting if s.cancelled]:
+                self._waiting.remove(stream)
+                stream._put(SynthesisResult(0, stream.text.text_tokens, "cancelled"))
+
     def _run(self) -> None:
         while True:
             with self._wake:
+                self._drop_cancelled_waiting()
                 while not self._stopping and not self._runnable():
-                    self._wake.wait(timeout=0.25)  # also re-checks cancellation of waiting live streams
+                    self._wake.wait(timeout=0.25)
+                    self._drop_cancelled_waiting()
                 if self._stopping:
                     break
                 admitted = self._admit()
@@ -342,7 +358,7 @@ class Engine:
         reason = "budget"
         if req.max_frames is not None and req.max_frames - len(act.codes) + act.segment_frames <= limit:
             limit, reason = req.max_frames - len(act.codes) + act.segment_frames, "max_frames"
-        room = self.settings.n_ctx - act.text.prefill_len()
+        room = self.model.talker.cells_per_stream - act.text.prefill_len()
         if limit > room:
             limit, reason = max(room, 1), "budget"
         return limit, reason
@@ -367,7 +383,8 @@ class Engine:
             seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
             act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed))
             need = act.text.prefill_len() + self._frame_limit(act)[0]
-            if self._active and self._reserved_cells() + need > self.settings.n_ctx:
+            shared = self.model.talker.cells_per_stream == self.settings.n_ctx
+            if shared and self._active and self._reserved_cells() + need > self.settings.n_ctx:
                 skipped.appendleft(stream)  # wait until running streams free their cells
                 break
             act.seq = self._free_seqs.pop(0)

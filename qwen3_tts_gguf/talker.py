@@ -37,8 +37,10 @@ def quiet_llama_logs() -> None:
 class TalkerSettings:
     """How the talker context is created.
 
-    deterministic: F32 KV cache and flash attention off — the profile in which outputs equal the
-    official implementation to float tolerance and batched steps equal single-stream steps.
+    deterministic: F32 KV cache, flash attention off and one KV buffer per stream — the profile in
+    which outputs equal the official implementation to float tolerance and a stream's numbers do not
+    depend on which other streams share its steps. (In one shared buffer, attention sums run over
+    every stream's cells, so the other streams change the summation order in the last bits.)
     """
 
     n_ctx: int = 8192
@@ -83,7 +85,9 @@ class Talker:
         cp.n_ctx = settings.n_ctx
         cp.n_batch = cp.n_ubatch = settings.n_batch
         cp.n_seq_max = settings.max_streams
-        cp.kv_unified = True  # one pool of cells for all streams; needed for sequence copies
+        # one pool of cells for all streams (needed for sequence copies), except in the deterministic
+        # profile, where each stream gets n_ctx / max_streams cells of its own
+        cp.kv_unified = not settings.deterministic
         threads = settings.threads or (os.cpu_count() or 1)
         cp.n_threads = cp.n_threads_batch = threads
         cp.embeddings = True
@@ -154,6 +158,12 @@ class Talker:
     def length(self, seq: int) -> int:
         """Number of positions stored for `seq` (0 when empty)."""
         return int(self._L.llama_memory_seq_pos_max(self._mem, seq)) + 1
+
+    @property
+    def cells_per_stream(self) -> int:
+        """KV cells one stream can use (all of n_ctx when the cache is shared)."""
+        s = self.settings
+        return s.n_ctx if not s.deterministic else s.n_ctx // s.max_streams
 
     def clear(self) -> None:
         self._L.llama_memory_clear(self._mem, True)

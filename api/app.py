@@ -1,0 +1,63 @@
+"""The app factory: routers, error envelope, middleware, static console, engine lifecycle."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.staticfiles import StaticFiles
+
+from qwen3_tts_gguf import __version__
+
+from . import catalog, headers, health, metrics, speech
+from .config import ServerConfig
+from .errors import install_error_handlers
+from .middleware import APIKeyMiddleware, RequestObserver
+from .registry import ModelRegistry
+from .state import AppState
+from .voices import NoVoiceProfiles, VoiceProfiles
+
+# Feature routers, in order. The WebSocket endpoint (/v1/ws) joins this list when it exists.
+ROUTERS: tuple[APIRouter, ...] = (speech.router, catalog.router, health.router, metrics.router)
+
+
+def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles: VoiceProfiles | None = None,
+               routers: Sequence[APIRouter] = ROUTERS) -> FastAPI:
+    """A FastAPI app serving `registry`'s models; its lifespan starts and stops their engines.
+
+    The registry's models stay loaded after the app stops (`registry.close()` frees them).
+    The web console (`config.webui_dir`) is mounted at `/` last, so API routes always win.
+    """
+    state = AppState(config=config, registry=registry, voice_profiles=voice_profiles or NoVoiceProfiles())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.encoder_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 2),
+                                                thread_name_prefix="qtts-encode")
+        registry.start()
+        try:
+            yield
+        finally:
+            registry.stop()
+            state.encoder_pool.shutdown(wait=True)
+
+    app = FastAPI(title="Qwen3-TTS-X", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible streaming text-to-speech with Qwen3-TTS.")
+    app.state.qtts = state
+    install_error_handlers(app)
+    for router in routers:
+        app.include_router(router)
+    # add_middleware wraps: the last added runs first (CORS, then request ids/metrics, then the key)
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(RequestObserver, metrics=state.metrics)
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=list(headers.EXPOSED))
+    if config.webui_dir is not None and config.webui_dir.is_dir():
+        app.mount("/", StaticFiles(directory=config.webui_dir, html=True), name="webui")
+    return app

@@ -1,0 +1,76 @@
+"""Model and voice listings: GET /v1/models, /v1/models/{id}, /v1/audio/models, /v1/audio/voices."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+
+from .registry import ModelRegistry, ServedModel
+from .schemas import AudioModel, AudioModelList, ModelCard, ModelList, Voice, VoiceList
+from .state import get_state
+from .voices import OFFICIAL_SPEAKERS, OPENAI_VOICES, VoiceProfiles, speaker_for
+
+router = APIRouter(tags=["models"])
+
+
+def model_cards(registry: ModelRegistry) -> list[ModelCard]:
+    """Every served model, then OpenAI's ids as aliases of the default (`root` names the model)."""
+    cards = [ModelCard(id=m.id, created=m.created, root=m.id) for m in registry.models]
+    default = registry.default
+    return cards + [ModelCard(id=alias, created=default.created, root=default.id) for alias in registry.aliases]
+
+
+def voice_entries(registry: ModelRegistry, profiles: VoiceProfiles, model: ServedModel | None = None) -> list[Voice]:
+    """Speakers of each model, OpenAI's voice names (with the speaker each maps to), then profiles.
+
+    A voice that several models have is listed once, with all their ids in `models`.
+    """
+    models = [model] if model is not None else list(registry.models)
+    speakers: dict[str, Voice] = {}
+    for served in models:
+        for name in served.manifest.speakers:
+            info = OFFICIAL_SPEAKERS.get(name)
+            entry = speakers.setdefault(name, Voice(
+                id=name, name=name.replace("_", " ").title(), kind="speaker", models=[],
+                gender=info.gender if info else None, language=info.language if info else None,
+                description=info.description if info else None))
+            entry.models.append(served.id)
+    openai: list[Voice] = []
+    for name, voice in OPENAI_VOICES.items():
+        takers = [s for s in models if s.manifest.model_type == "voice_design" or speaker_for(s.manifest, name)]
+        if takers:
+            mapped = {speaker_for(s.manifest, name) for s in takers} - {None}
+            openai.append(Voice(id=name, name=name.title(), kind="openai", models=[s.id for s in takers],
+                                description=voice.description,
+                                speaker=mapped.pop() if len(mapped) == 1 else None))
+    ids = {s.id for s in models}
+    saved = [Voice.model_validate({"kind": "profile", "models": [], **entry}) for entry in profiles.entries()]
+    saved = [v for v in saved if model is None or not v.models or ids & set(v.models)]
+    return list(speakers.values()) + openai + saved
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(request: Request) -> ModelList:
+    """OpenAI's model list: served models plus the OpenAI TTS ids that alias the default."""
+    return ModelList(data=model_cards(get_state(request).registry))
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard)
+async def retrieve_model(model_id: str, request: Request) -> ModelCard:
+    """One model by id, alias or folder name (404 in the OpenAI envelope otherwise)."""
+    served = get_state(request).registry.resolve(model_id)
+    return ModelCard(id=model_id, created=served.created, root=served.id)
+
+
+@router.get("/v1/audio/models", response_model=AudioModelList)
+async def list_audio_models(request: Request) -> AudioModelList:
+    """`{"models": [{"id"}]}`, the shape Open WebUI reads."""
+    return AudioModelList(models=[AudioModel(id=card.id) for card in model_cards(get_state(request).registry)])
+
+
+@router.get("/v1/audio/voices", response_model=VoiceList, response_model_exclude_none=True)
+async def list_voices(request: Request, model: str | None = Query(None, description="only this model's voices")
+                      ) -> VoiceList:
+    """`{"voices": [{"id", "name", ...}]}`, the shape Open WebUI and SillyTavern read."""
+    state = get_state(request)
+    served = state.registry.resolve(model) if model else None
+    return VoiceList(voices=voice_entries(state.registry, state.voice_profiles, served))

@@ -1,0 +1,48 @@
+"""Server settings: what `python -m qwen3_tts_gguf serve` was asked for."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen3_tts_gguf.model import EngineSettings
+from qwen3_tts_gguf.paths import PROJECT_ROOT, voices_dir
+
+API_KEY_ENV = "QTTS_API_KEY"
+DEFAULT_WEBUI_DIR = PROJECT_ROOT / "webui"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the HTTP layer needs to know besides the models themselves."""
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+    api_key: str | None = None
+    """Required as `Authorization: Bearer <key>` on the API routes; None = open server."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed to call the API ("*" = any); empty = no CORS headers."""
+    voices_dir: Path | None = None
+    """Voice profiles folder (used by the voice-profile store, see `voices.VoiceProfiles`)."""
+    webui_dir: Path | None = DEFAULT_WEBUI_DIR
+    """Static web console served at `/` when the folder exists."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
+        """From the `serve` arguments; QTTS_API_KEY stands in for a missing --api-key."""
+        return cls(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key or environ.get(API_KEY_ENV) or None,
+            cors_origins=tuple(args.cors_origin or ()),
+            voices_dir=args.voices_dir or voices_dir(),
+        )
+
+
+def engine_settings_from_args(args: argparse.Namespace) -> EngineSettings:
+    """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --deterministic)."""
+    return EngineSettings(threads=args.threads, max_streams=args.max_streams, max_pending=args.max_queue,
+                          deterministic=args.deterministic)

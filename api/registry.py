@@ -1,0 +1,122 @@
+"""The models a server speaks with, one Engine each, and how a request's `model` picks one.
+
+Model ids are manifest names; a model's folder name is accepted too. The first model is the
+default, and OpenAI's TTS model ids are aliases of it, so clients that hard-code `tts-1` work.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from qwen3_tts_gguf.manifest import MANIFEST, Manifest
+from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+from qwen3_tts_gguf.scheduler import Engine
+
+from .errors import model_not_found
+
+log = logging.getLogger("api.registry")
+
+OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
+
+
+@dataclass
+class ServedModel:
+    """One loaded model and the engine that batches its requests."""
+
+    id: str
+    model: LoadedModel
+    engine: Engine
+    created: int
+    """Unix time the model folder was written (the `created` field of /v1/models)."""
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.model.manifest
+
+    @property
+    def folder(self) -> Path:
+        return self.model.folder
+
+
+class ModelRegistry:
+    """Served models by id, alias and folder name; starts and stops their engines."""
+
+    def __init__(self, models: Sequence[ServedModel]):
+        if not models:
+            raise ValueError("a registry needs at least one model")
+        self.models: tuple[ServedModel, ...] = tuple(models)
+        self._by_name: dict[str, ServedModel] = {}
+        for served in self.models:
+            self._by_name.setdefault(served.id, served)
+        for served in self.models:
+            self._by_name.setdefault(served.folder.name, served)
+        for alias in OPENAI_MODEL_ALIASES:
+            self._by_name.setdefault(alias, self.default)
+        self._running = False
+
+    @classmethod
+    def load(cls, folders: Iterable[str | Path], settings: EngineSettings) -> ModelRegistry:
+        """Open every model folder (ModelFolderError/OSError on a bad one); engines not started yet."""
+        served: list[ServedModel] = []
+        try:
+            for folder in folders:
+                model = LoadedModel(folder, settings)
+                served.append(ServedModel(id=_unique_id(model, served), model=model, engine=Engine(model),
+                                          created=int((model.folder / MANIFEST).stat().st_mtime)))
+                log.info("loaded %s (%s %s, %s) from %s", served[-1].id, model.manifest.model_type,
+                         model.manifest.model_size, model.manifest.quant, model.folder)
+        except BaseException:
+            for s in served:
+                s.model.close()
+            raise
+        return cls(served)
+
+    @property
+    def default(self) -> ServedModel:
+        return self.models[0]
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """OpenAI ids that name the default model (those no served model took as its own id)."""
+        return tuple(a for a in OPENAI_MODEL_ALIASES if self._by_name[a] is self.default)
+
+    def resolve(self, model_id: str) -> ServedModel:
+        """The model a request names; APIError 404 when none has that id, alias or folder name."""
+        served = self._by_name.get(model_id)
+        if served is None:
+            raise model_not_found(model_id, [m.id for m in self.models] + list(self.aliases))
+        return served
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self) -> None:
+        for served in self.models:
+            served.engine.start()
+        self._running = True
+
+    def stop(self) -> None:
+        """Stop every engine; streams still running end as `cancelled`."""
+        self._running = False
+        for served in self.models:
+            served.engine.stop()
+
+    def close(self) -> None:
+        self.stop()
+        for served in self.models:
+            served.model.close()
+
+
+def _unique_id(model: LoadedModel, taken: Sequence[ServedModel]) -> str:
+    """The manifest name, or the folder name when another model already uses that name."""
+    used = {s.id for s in taken}
+    for candidate in (model.manifest.name, model.folder.name):
+        if candidate not in used:
+            return candidate
+    raise ValueError(f"{model.folder}: a model named {model.manifest.name!r} is already served; "
+                     "rename one of the folders")

@@ -1,0 +1,90 @@
+"""`python -m qwen3_tts_gguf serve`: load the models, then run the app on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from qwen3_tts_gguf.manifest import ModelFolderError
+from qwen3_tts_gguf.paths import installed_models, model_base_dir
+
+from .app import create_app
+from .config import ServerConfig, engine_settings_from_args
+from .registry import ModelRegistry
+
+log = logging.getLogger("api.server")
+
+DEFAULT_REPO = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
+DEFAULT_QUANT = "q8_0"
+EXIT_NO_MODEL = 2
+
+
+def how_to_get_a_model(base: Path) -> str:
+    """What to run when there is no model (printed before `serve` gives up)."""
+    return (f"no converted model under {base}. Get one with\n"
+            f"  python -m qwen3_tts_gguf pull {DEFAULT_REPO}\n"
+            "or, offline, a random-weight model to try the server with (it speaks noise):\n"
+            "  python -m qwen3_tts_gguf make-random /tmp/qtts-random\n"
+            f"  python -m qwen3_tts_gguf convert /tmp/qtts-random -o {base / 'random-tiny'}\n"
+            "then run `serve` again, or point it at a model folder with --model DIR.")
+
+
+def pull_default_model(base: Path) -> Path | None:
+    """First start without a model: download and convert the default one (None when that fails)."""
+    from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
+    from qwen3_tts_gguf.download import download_checkpoint
+
+    out = base / f"{DEFAULT_REPO.rsplit('/', 1)[-1]}-{DEFAULT_QUANT}"
+    print(f"no model under {base}: downloading {DEFAULT_REPO} and converting it to {out} ...", file=sys.stderr)
+    try:
+        convert_checkpoint(download_checkpoint(DEFAULT_REPO), out, DEFAULT_QUANT)
+    except Exception as e:  # DownloadError (offline, hub error), CheckpointError, OSError, ...
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    return out
+
+
+def model_folders(args: argparse.Namespace) -> list[Path]:
+    """--model folders, else every model under model-base/, else the default model pulled now."""
+    if args.model:
+        return list(args.model)
+    found = installed_models()
+    if found:
+        return found
+    pulled = pull_default_model(model_base_dir())
+    return [pulled] if pulled else []
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Serve until interrupted; exit code 2 when no model can be loaded."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    config = ServerConfig.from_args(args)
+    folders = model_folders(args)
+    if not folders:
+        print(f"error: {how_to_get_a_model(model_base_dir())}", file=sys.stderr)
+        return EXIT_NO_MODEL
+    try:
+        registry = ModelRegistry.load(folders, engine_settings_from_args(args))
+    except (ModelFolderError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_MODEL
+    try:
+        app = create_app(config, registry)
+        _announce(config, registry)
+        uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
+                                      timeout_graceful_shutdown=5)).run()
+    finally:
+        registry.close()
+    return 0
+
+
+def _announce(config: ServerConfig, registry: ModelRegistry) -> None:
+    for served in registry.models:
+        extra = f" (default; also {', '.join(registry.aliases)})" if served is registry.default else ""
+        log.info("model %s: %s %s%s", served.id, served.manifest.model_type, served.manifest.model_size, extra)
+    log.info("OpenAI base_url: http://%s:%d/v1 (API key %s)", config.host, config.port,
+             "required" if config.api_key else "not required")

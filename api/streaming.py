@@ -1,0 +1,240 @@
+"""From an engine stream to a response body: encode chunks as they come, send bytes at once.
+
+Lifecycle of one speech response:
+
+1. `SpeechStream.wait_for_audio` waits for the engine's first event *before* any header is sent,
+   so a failure before audio still gets a real status (500/503). A client that leaves during
+   that wait (queued behind other requests, say) cancels its engine stream.
+2. The body (`audio_body`: the file's bytes; `sse_body`: events) encodes every AudioChunk with the
+   request's one StreamingEncoder, in a worker thread so the event loop never encodes, and yields
+   bytes as soon as the encoder has any.
+3. `SpeechResponse` releases the stream whatever happens. A client that disconnects cancels the
+   engine stream (the engine frees the slot at its next iteration); the encoder is closed.
+
+Errors after audio bytes have left: in audio mode the body raises `SynthesisAborted`, so uvicorn
+drops the connection without the terminating chunk and a cut-off file never looks whole; in SSE
+mode an `error` event ends the stream (no `speech.audio.done`).
+
+A slow reader never stalls the engine: the engine's per-stream queue is unbounded, and only this
+response's body waits for the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor, Future
+
+import numpy as np
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from qwen3_tts_gguf.audio_encoding import StreamingEncoder
+from qwen3_tts_gguf.request import AudioChunk
+from qwen3_tts_gguf.scheduler import Stream
+
+from .errors import SERVER_ERROR, error_body, synthesis_failed, unavailable
+from .metrics import Metrics
+from .schemas import Usage
+
+log = logging.getLogger("api.streaming")
+
+# OpenAI's Content-Types (openai-tts-api.md §1.4); the engine's own table says audio/ogg for opus
+CONTENT_TYPES = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/opus",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+SSE_CONTENT_TYPE = "text/event-stream"
+STREAMING_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_ENDED_BADLY = ("error", "cancelled")
+
+
+class SynthesisAborted(RuntimeError):
+    """The engine ended a stream with an error (or was stopped) after audio bytes were sent."""
+
+
+class OffloadedEncoder:
+    """A StreamingEncoder whose calls run one at a time on a worker thread.
+
+    `close()` may come while an encode is still running (the client left): the encoder is then
+    closed right after that call finishes, never concurrently with it.
+    """
+
+    def __init__(self, encoder: StreamingEncoder, executor: Executor):
+        self._encoder = encoder
+        self._executor = executor
+        self._last: Future | None = None
+
+    async def encode(self, samples: np.ndarray) -> bytes:
+        return await self._run(self._encoder.encode, samples)
+
+    async def finish(self) -> bytes:
+        return await self._run(self._encoder.finish)
+
+    def close(self) -> None:
+        if self._last is None:
+            self._encoder.close()
+        else:
+            self._last.add_done_callback(lambda _: self._encoder.close())
+
+    async def _run(self, fn: Callable, *args) -> bytes:
+        self._last = self._executor.submit(fn, *args)
+        return await asyncio.wrap_future(self._last)
+
+
+class SpeechStream:
+    """One admitted request on its way out: engine stream -> encoder -> bytes, with bookkeeping."""
+
+    def __init__(self, model_id: str, stream: Stream, encoder: OffloadedEncoder, sample_rate: int,
+                 metrics: Metrics, received_at: float):
+        self.model_id = model_id
+        self._stream = stream
+        self._events = stream.__aiter__()
+        self._encoder = encoder
+        self._sample_rate = sample_rate
+        self._metrics = metrics
+        self._received_at = received_at
+        self._first: AudioChunk | None = None
+        self._first_bytes_at: float | None = None
+        self._samples = 0
+        self._ended = False  # the engine delivered the stream's result
+        self._closed = False
+
+    def usage(self) -> Usage:
+        """OpenAI usage: text tokens in, codec frames out."""
+        result = self._stream.result
+        return Usage(input_tokens=result.text_tokens, output_tokens=result.frames,
+                     total_tokens=result.text_tokens + result.frames)
+
+    async def wait_for_audio(self, receive: Receive) -> bool:
+        """Wait for the first chunk (or the end); False when the client left first.
+
+        Raises APIError 500/503 when the stream ended badly before any audio.
+        """
+        first = asyncio.ensure_future(self._next())
+        gone = asyncio.ensure_future(_client_gone(receive))
+        try:
+            await asyncio.wait((first, gone), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the server is shutting down this request
+            self.close()
+            raise
+        finally:
+            gone.cancel()
+            if not first.done():
+                first.cancel()
+        if not first.done() or first.cancelled():
+            self.close()
+            return False
+        try:
+            self._first = first.result()
+        except BaseException:
+            self.close()
+            raise
+        if self._first is None:
+            result = self._stream.result
+            if result.finish_reason in _ENDED_BADLY:
+                self.close()
+                if result.finish_reason == "error":
+                    raise synthesis_failed(result.error or "unknown error")
+                raise unavailable("The engine stopped before this request was served; retry.")
+        return True
+
+    async def audio_pieces(self) -> AsyncIterator[bytes]:
+        """The encoded file piece by piece; SynthesisAborted if the engine fails part-way."""
+        try:
+            chunk, self._first = self._first, None
+            while chunk is not None:
+                self._samples += len(chunk.samples)
+                data = await self._encoder.encode(chunk.samples)
+                if data:
+                    yield self._sending(data)
+                chunk = await self._next()
+            result = self._stream.result
+            if result.finish_reason in _ENDED_BADLY:
+                raise SynthesisAborted(f"synthesis {result.finish_reason} after {result.frames} frames"
+                                       + (f": {result.error}" if result.error else ""))
+            tail = await self._encoder.finish()
+            if tail:
+                yield self._sending(tail)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release everything (idempotent): cancel the engine stream unless it ended, close the encoder."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._ended:
+            self._stream.cancel()
+        self._encoder.close()
+        now = time.monotonic()
+        reason = self._stream.result.finish_reason if self._ended else "cancelled"
+        first_audio = None if self._first_bytes_at is None else self._first_bytes_at - self._received_at
+        self._metrics.stream_finished(self.model_id, reason, self._samples / self._sample_rate,
+                                      now - self._received_at, first_audio)
+        if reason in _ENDED_BADLY and self._ended:
+            log.warning("stream %s of %s ended with %s: %s", self._stream.id, self.model_id, reason,
+                        self._stream.result.error)
+
+    def _sending(self, data: bytes) -> bytes:
+        if self._first_bytes_at is None:
+            self._first_bytes_at = time.monotonic()
+        return data
+
+    async def _next(self) -> AudioChunk | None:
+        try:
+            return await self._events.__anext__()
+        except StopAsyncIteration:
+            self._ended = True
+            return None
+
+
+async def _client_gone(receive: Receive) -> None:
+    """Return once the client has disconnected (the request body was already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def audio_body(speech: SpeechStream) -> AsyncIterator[bytes]:
+    """`stream_format: "audio"`: the file itself, chunked."""
+    return speech.audio_pieces()
+
+
+async def sse_body(speech: SpeechStream) -> AsyncIterator[bytes]:
+    """`stream_format: "sse"`: `speech.audio.delta` events (base64), then `speech.audio.done` with
+    usage. The type is inside each JSON object (no `event:` lines) and there is no `[DONE]`."""
+    try:
+        async for piece in speech.audio_pieces():
+            yield _sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode("ascii")})
+    except SynthesisAborted as e:
+        yield _sse_event({"type": "error", **error_body(str(e), SERVER_ERROR, None, "synthesis_failed")})
+        return
+    yield _sse_event({"type": "speech.audio.done", "usage": speech.usage().model_dump()})
+
+
+def _sse_event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class SpeechResponse(StreamingResponse):
+    """A StreamingResponse that always releases its SpeechStream, also when the client leaves
+    while a chunk is being sent (Starlette then cancels the body mid-`send`)."""
+
+    def __init__(self, speech: SpeechStream, content: AsyncIterator[bytes], media_type: str,
+                 headers: dict[str, str]):
+        super().__init__(content, media_type=media_type, headers={**STREAMING_HEADERS, **headers})
+        self.speech = speech
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.speech.close()

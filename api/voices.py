@@ -1,0 +1,172 @@
+"""Who speaks: a request's `voice`/`instructions`/`language` turned into the engine's VoiceSpec.
+
+Rules by model type (manifest.model_type):
+
+- custom_voice: `voice` is a voice profile (hook, see `VoiceProfiles`), a speaker of the model
+  (case-insensitive), or one of OpenAI's 13 voice names mapped by `OPENAI_VOICES`.
+  `instructions` steer the style where the model takes them (manifest.instruct_supported, the
+  1.7B models); elsewhere (0.6B) they are accepted, ignored, and said so in a response header.
+- voice_design: the instructions describe the voice, and `voice` is accepted and ignored. A
+  request without instructions gets the description of its OpenAI voice name (so clients that only
+  know `tts-1` + `alloy` still work); with neither it is a 400.
+- base (voice cloning): only voice profiles can speak; none exist until the Voices issue lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from qwen3_tts_gguf.manifest import Manifest
+from qwen3_tts_gguf.prompt import PromptError, VoiceSpec, resolve_language
+
+from .errors import invalid_request
+
+
+@dataclass(frozen=True)
+class OpenAIVoice:
+    """Where one of OpenAI's voice names goes on a CustomVoice model, and how it sounds."""
+
+    speaker: str
+    description: str
+    """OpenAI's character of the voice; also the VoiceDesign instruction when none is given."""
+
+
+# OpenAI voice -> official CustomVoice speaker (model notes §2.1), matched by gender and character.
+# English-native speakers first (OpenAI clients mostly speak English); the dialect speakers (dylan,
+# eric) are left out because with language "auto" they switch on their Chinese dialect.
+OPENAI_VOICES: dict[str, OpenAIVoice] = {
+    "alloy": OpenAIVoice("serena", "A neutral, balanced, warm female voice with a calm, even delivery."),
+    "ash": OpenAIVoice("aiden", "A warm, clear young male voice with a friendly American accent."),
+    "ballad": OpenAIVoice("ryan", "A soft, expressive, melodic male voice."),
+    "coral": OpenAIVoice("vivian", "A bright, cheerful, friendly female voice."),
+    "echo": OpenAIVoice("aiden", "A resonant, clear male voice with a steady delivery."),
+    "fable": OpenAIVoice("ryan", "An animated, expressive male storyteller voice."),
+    "onyx": OpenAIVoice("uncle_fu", "A deep, low, mellow mature male voice."),
+    "nova": OpenAIVoice("vivian", "A young, bright, energetic female voice."),
+    "sage": OpenAIVoice("serena", "A calm, gentle, thoughtful female voice."),
+    "shimmer": OpenAIVoice("sohee", "A soft, warm, gentle female voice."),
+    "verse": OpenAIVoice("ryan", "A versatile, dynamic, expressive male voice."),
+    "marin": OpenAIVoice("serena", "A natural, warm, conversational female voice."),
+    "cedar": OpenAIVoice("aiden", "A natural, relaxed, conversational male voice."),
+}
+
+
+@dataclass(frozen=True)
+class SpeakerInfo:
+    """What the official CustomVoice speakers are (README / model notes §2.1), for voice lists."""
+
+    gender: str
+    language: str
+    description: str
+
+
+OFFICIAL_SPEAKERS: dict[str, SpeakerInfo] = {
+    "vivian": SpeakerInfo("female", "chinese", "Bright, slightly edgy young female voice."),
+    "serena": SpeakerInfo("female", "chinese", "Warm, gentle young female voice."),
+    "uncle_fu": SpeakerInfo("male", "chinese", "Seasoned male voice, low and mellow."),
+    "dylan": SpeakerInfo("male", "beijing_dialect", "Youthful Beijing male voice."),
+    "eric": SpeakerInfo("male", "sichuan_dialect", "Lively Chengdu (Sichuan) male voice."),
+    "ryan": SpeakerInfo("male", "english", "Dynamic male voice."),
+    "aiden": SpeakerInfo("male", "english", "Sunny American male voice."),
+    "ono_anna": SpeakerInfo("female", "japanese", "Playful female voice."),
+    "sohee": SpeakerInfo("female", "korean", "Warm female voice."),
+}
+
+
+class VoiceProfiles(Protocol):
+    """Saved voice profiles (voices/, `qwen3_tts_gguf.voices.VoiceStore`): the Voices issue
+    implements this and passes it to `create_app(voice_profiles=...)`.
+
+    A profile is looked up before speaker names and OpenAI names, for every model type.
+    """
+
+    def lookup(self, voice_id: str, manifest: Manifest) -> VoiceSpec | None:
+        """The profile's voice for this model, or None when there is no such profile.
+
+        Raise `errors.invalid_request(..., param="voice")` for a profile that exists but does not
+        fit the model (another model size, say).
+        """
+        ...
+
+    def entries(self) -> list[dict]:
+        """Entries for GET /v1/audio/voices (each at least {"id", "name"})."""
+        ...
+
+
+class NoVoiceProfiles:
+    """The profile store until voice profiles exist: knows none."""
+
+    def lookup(self, voice_id: str, manifest: Manifest) -> VoiceSpec | None:
+        return None
+
+    def entries(self) -> list[dict]:
+        return []
+
+
+@dataclass(frozen=True)
+class ResolvedVoice:
+    """The engine's voice for one request, and what the response should tell about it."""
+
+    spec: VoiceSpec
+    label: str
+    """Who speaks: a speaker name, a profile id, or "instructions" (VoiceDesign)."""
+    voice_ignored: bool = False
+    instructions_ignored: bool = False
+
+
+def speaker_for(manifest: Manifest, voice_id: str) -> str | None:
+    """A model speaker for `voice_id`: its own speaker name, or an OpenAI name via the table.
+
+    An OpenAI name whose mapped speaker the model lacks (a fine-tuned model) gets the model's first
+    speaker; a model without named speakers gets None.
+    """
+    if not manifest.speakers:
+        return None
+    name = voice_id.lower()
+    if name in manifest.speakers:
+        return name
+    if name in OPENAI_VOICES:
+        mapped = OPENAI_VOICES[name].speaker
+        return mapped if mapped in manifest.speakers else next(iter(manifest.speakers))
+    return None
+
+
+def resolve_voice(manifest: Manifest, voice_id: str, instructions: str | None, language: str | None,
+                  profiles: VoiceProfiles) -> ResolvedVoice:
+    """The VoiceSpec for a request, or APIError 400 naming the parameter that is wrong."""
+    language = language or "auto"
+    try:
+        resolve_language(manifest, VoiceSpec(language=language))  # the engine's own rule
+    except PromptError as e:
+        raise invalid_request(str(e), param="language") from None
+    instructions = instructions or None
+    takes_instructions = manifest.instruct_supported
+    profile = profiles.lookup(voice_id, manifest)
+    if profile is not None:
+        instruct = instructions if takes_instructions else None
+        return ResolvedVoice(replace(profile, instruct=instruct or profile.instruct, language=language), voice_id,
+                             instructions_ignored=bool(instructions) and not takes_instructions)
+    if manifest.model_type == "voice_design":
+        description = instructions or (OPENAI_VOICES[voice_id.lower()].description
+                                       if voice_id.lower() in OPENAI_VOICES else None)
+        if description is None:
+            raise invalid_request(f"Model '{manifest.name}' is a VoiceDesign model: 'instructions' must describe "
+                                  "the voice (e.g. \"A calm, deep male voice\").", param="instructions",
+                                  code="missing_required_parameter")
+        return ResolvedVoice(VoiceSpec(instruct=description, language=language), "instructions",
+                             voice_ignored=bool(instructions))
+    speaker = speaker_for(manifest, voice_id)
+    if speaker is None:
+        raise invalid_request(_unknown_voice_message(manifest, voice_id), param="voice")
+    return ResolvedVoice(VoiceSpec(speaker=speaker, instruct=instructions if takes_instructions else None,
+                                   language=language), speaker,
+                         instructions_ignored=bool(instructions) and not takes_instructions)
+
+
+def _unknown_voice_message(manifest: Manifest, voice_id: str) -> str:
+    if not manifest.speakers:
+        return (f"Voice '{voice_id}' is not a voice profile, and model '{manifest.name}' "
+                f"({manifest.model_type}) speaks only with voice profiles.")
+    return (f"Voice '{voice_id}' is not available for model '{manifest.name}'. Speakers: "
+            f"{', '.join(manifest.speakers)}; OpenAI voice names: {', '.join(OPENAI_VOICES)}.")
