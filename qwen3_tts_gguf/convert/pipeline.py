@@ -86,6 +86,8 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     stages = ["talker", "text tables", "code predictor", "codec decoder", "tokenizer", "self-check"]
+    if ckpt.config.model_type == "base":
+        stages.insert(4, "voice encoders")
     bar = tqdm(total=len(stages), desc=f"convert {name}", unit="stage", disable=not show_progress)
     started = time.monotonic()
     try:
@@ -109,6 +111,15 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
 
         save_model(build_codec_decoder(ckpt), tmp / CODEC_FILE)
         bar.update()
+        if ckpt.config.model_type == "base":  # voice cloning: reference audio -> x-vector, reference codes
+            stage("voice encoders")
+            from ..voice_clone import CODEC_ENCODER_FILE, SPEAKER_ENCODER_FILE
+            from .codec_encoder_graph import build_codec_encoder
+            from .speaker_encoder_graph import build_speaker_encoder
+
+            save_model(build_speaker_encoder(ckpt), tmp / SPEAKER_ENCODER_FILE)
+            save_model(build_codec_encoder(ckpt), tmp / CODEC_ENCODER_FILE)
+            bar.update()
         stage("tokenizer")
         for f in TOKENIZER_FILES:
             shutil.copy(ckpt.path / f, tmp / f)
