@@ -2,17 +2,15 @@
 
 `load_reference_audio` accepts a path, bytes, a binary file object or an `(array, sample_rate)`
 tuple, decodes any format FFmpeg knows (PyAV), mixes to mono (mean of the channels, like the
-official wrapper), resamples to 24 kHz with PyAV's `AudioResampler` (libswresample) and enforces
-limits, raising `ReferenceAudioError` (a ValueError) with a message fit for an API client.
+official wrapper), resamples to 24 kHz with soxr "HQ" (what the official `librosa.resample` uses, to
+the sample) and enforces limits, raising `ReferenceAudioError` (a ValueError) with a message fit
+for an API client.
 
-Resampling differs from the official code, which uses `librosa.resample` (soxr "HQ"): both are
-band-limited sinc resamplers and agree in the pass band (~4e-6 on a tonal test signal, ~4e-3 max
-on espeak speech 22.05 -> 24 kHz), but libswresample leaks more energy above the source's Nyquist
-frequency: for a 22.05 kHz source the top four of the 128 mel bands (> ~11 kHz) sit at log-mel
-~-9 instead of the -11.5 floor, which moves the x-vector (by 9 % relative on a random-weight test
-model; the codes were identical there). `resampler="soxr"` (needs the `soxr` package, which librosa
-uses) reproduces the official resampling exactly. 24 kHz input is never resampled, so it gives
-the official results with either.
+`resampler="pyav"` (libswresample) is the alternative: it agrees in the pass band (~4e-6 on a
+tonal test signal, ~4e-3 max on espeak speech 22.05 -> 24 kHz) but leaks more energy above the
+source's Nyquist frequency: for a 22.05 kHz source the top four of the 128 mel bands (> ~11 kHz)
+sit at log-mel ~-9 instead of the -11.5 floor, which moves the x-vector (by 9 % relative on a
+random-weight test model). 24 kHz input is never resampled.
 
 `VoiceCloner(model_folder)` runs the two graphs a Base conversion writes:
 
@@ -135,12 +133,12 @@ def decode_audio(source, limits: AudioLimits = DEFAULT_LIMITS) -> tuple[np.ndarr
     return np.concatenate(chunks), rate
 
 
-def resample(wav: np.ndarray, rate: int, target: int = SAMPLE_RATE, *, method: str = "pyav") -> np.ndarray:
+def resample(wav: np.ndarray, rate: int, target: int = SAMPLE_RATE, *, method: str = "soxr") -> np.ndarray:
     """Mono float32 resampled to `target`; identity when rate == target.
 
-    method "pyav" (default): libswresample through PyAV. "soxr": the `soxr` package in its "HQ"
-    mode, padded/trimmed to ceil(n * target / rate) samples, i.e. exactly what the official code's
-    `librosa.resample` does (needs `pip install soxr`, a librosa dependency, not a runtime one).
+    method "soxr" (default): soxr in its "HQ" mode, padded/trimmed to ceil(n * target / rate)
+    samples, i.e. exactly what the official code's `librosa.resample` does. "pyav": libswresample
+    through PyAV (see the module docstring for how it differs).
     """
     wav = np.ascontiguousarray(wav, dtype=np.float32)
     if rate == target:
@@ -202,7 +200,7 @@ def check_reference(wav: np.ndarray, limits: AudioLimits = DEFAULT_LIMITS, label
 
 
 def load_reference_audio(source: AudioSource, *, limits: AudioLimits = DEFAULT_LIMITS,
-                         resampler: str = "pyav") -> np.ndarray:
+                         resampler: str = "soxr") -> np.ndarray:
     """Reference audio -> mono float32 at 24 kHz, checked against `limits` (no silence appended).
 
     `source`: a path, bytes, a binary file object (any format FFmpeg decodes), or a tuple
@@ -245,7 +243,7 @@ class VoiceCloner:
     """Runs a converted Base model's speaker encoder and codec encoder on reference audio."""
 
     def __init__(self, model_folder: str | os.PathLike, *, threads: int | None = None, device: str = "cpu",
-                 limits: AudioLimits = DEFAULT_LIMITS, resampler: str = "pyav"):
+                 limits: AudioLimits = DEFAULT_LIMITS, resampler: str = "soxr"):
         from .manifest import ModelFolderError, load_manifest
         from .onnx_session import make_session
 
