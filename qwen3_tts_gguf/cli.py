@@ -66,6 +66,103 @@ def resolve_model_dir(model: Path | None) -> Path:
                    f"({', '.join(p.name for p in found)})")
 
 
+def _voice_store(folder: Path | None):
+    from .voices import VoiceStore
+
+    return VoiceStore(folder)
+
+
+def _find_profile(name: str | None, voices_dir: Path | None, model: Path | None):
+    """The voice profile `name` when it is one (a model speaker of that name wins when --model has it)."""
+    from .manifest import load_manifest
+    from .voices import VoiceNotFoundError, VoiceProfileError
+
+    if not name:
+        return None
+    if model is not None:
+        try:
+            if name.lower() in load_manifest(model).speakers:
+                return None
+        except ValueError:
+            pass  # the model folder's own error is reported when it is loaded
+    try:
+        return _voice_store(voices_dir).get(name)
+    except VoiceNotFoundError:
+        return None
+    except VoiceProfileError as e:
+        raise CliError(str(e)) from e
+
+
+def model_for_profile(profile) -> Path:
+    """The converted model a profile names, else the only Base model of its size."""
+    from .manifest import load_manifest
+    from .paths import installed_models
+
+    candidates = []
+    for folder in installed_models():
+        m = load_manifest(folder)
+        if profile.model and profile.model in (m.name, folder.name):
+            return folder
+        if m.model_type == "base" and m.model_size == profile.model_size:
+            candidates.append(folder)
+    if len(candidates) == 1:
+        return candidates[0]
+    raise CliError(f"voice {profile.name!r} needs its {profile.model_size} Base model "
+                   f"({profile.model or 'unnamed'}): pass --model" if not candidates else
+                   f"several {profile.model_size} Base models fit voice {profile.name!r}: pass --model")
+
+
+def _cmd_voice(args: argparse.Namespace) -> int:
+    from .manifest import ModelFolderError
+    from .voice_clone import ReferenceAudioError, VoiceCloner
+    from .voices import VoiceProfileError
+
+    store = _voice_store(args.voices_dir)
+    try:
+        if args.voice_command == "list":
+            from .manifest import load_manifest
+            from .paths import installed_models
+
+            for folder in installed_models():
+                m = load_manifest(folder)
+                for speaker in m.speakers:
+                    print(f"{speaker}\tbuilt-in\t{m.name}")
+            for name in store.list():
+                p = store.get(name)
+                print(f"{name}\t{p.mode} clone\t{p.model or p.model_size + ' base'}")
+            return 0
+        if args.voice_command == "delete":
+            store.delete(args.name)
+            print(f"deleted voice {args.name}")
+            return 0
+        from .voices import validate_name
+
+        validate_name(args.name)
+        if store.exists(args.name) and not args.force:
+            raise CliError(f"voice {args.name!r} exists already (pass --force to replace it)")
+        cloner = VoiceCloner(resolve_model_dir(args.model), threads=args.threads or None)
+        if args.voice_command == "create":
+            profile = cloner.create_profile(args.name, args.audio, ref_text=args.text, language=args.language,
+                                            trailing_silence=args.trailing_silence)
+        else:  # design
+            from .model import EngineSettings, LoadedModel
+            from .scheduler import Engine
+            from .voice_design import reference_text, speak_reference
+
+            text = args.text or reference_text(args.language)
+            with Engine(LoadedModel(args.design_model, EngineSettings(threads=args.threads, max_streams=1))) as engine:
+                wav = speak_reference(engine, args.instructions, text, args.language, seed=args.seed,
+                                      max_frames=args.max_frames)
+            profile = cloner.create_profile(args.name, (wav, 24000), ref_text=text, language=args.language,
+                                            trailing_silence=args.trailing_silence)
+        path = store.save(profile, overwrite=args.force)
+    except (VoiceProfileError, ReferenceAudioError, ModelFolderError, ValueError) as e:
+        raise CliError(str(e)) from e
+    print(f"saved voice {profile.name} ({profile.mode}, {len(profile.ref_codes) if profile.ref_codes is not None else 0} "
+          f"reference frames) to {path}")
+    return 0
+
+
 def _sampling_from_args(args: argparse.Namespace, defaults: dict):
     from .request import TalkerSampling
     from .sampler import SamplingParams
@@ -96,24 +193,35 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from .request import SynthesisRequest
     from .scheduler import Engine
 
-    folder = resolve_model_dir(args.model)
+    profile = _find_profile(args.voice, args.voices_dir, args.model)
+    folder = args.model or (model_for_profile(profile) if profile else resolve_model_dir(None))
     try:
         model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
                                                    gpu_layers=args.gpu_layers))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
-    voice = args.voice
-    if voice is None and manifest.speakers:
-        voice = next(iter(manifest.speakers))
-    if manifest.model_type == "voice_design" and not args.instruct:
-        raise CliError("a VoiceDesign model needs --instruct describing the voice")
-    if manifest.model_type == "base" and voice is None:
-        raise CliError("a Base model needs --voice naming a voice profile (see `voice create`)")
+    if profile is not None:
+        try:
+            profile.check_model(manifest.model_type, manifest.model_size, manifest.talker["hidden_size"])
+        except ValueError as e:
+            raise CliError(str(e)) from e
+        voice_spec = profile.voice_spec(None if args.language == "auto" else args.language, args.instruct)
+    else:
+        voice = args.voice
+        if voice is None and manifest.speakers:
+            voice = next(iter(manifest.speakers))
+        if manifest.model_type == "voice_design" and not args.instruct:
+            raise CliError("a VoiceDesign model needs --instruct describing the voice")
+        if manifest.model_type == "base":
+            raise CliError(f"a Base model speaks with a voice profile: no profile named {args.voice!r} "
+                           "(see `voice create`)" if args.voice else
+                           "a Base model needs --voice naming a voice profile (see `voice create`)")
+        voice_spec = VoiceSpec(speaker=voice, instruct=args.instruct, language=args.language)
     try:
         talker, predictor = _sampling_from_args(args, manifest.sampling)
         request = SynthesisRequest(
-            text=args.text, voice=VoiceSpec(speaker=voice, instruct=args.instruct, language=args.language),
+            text=args.text, voice=voice_spec,
             text_mode=args.text_mode, talker=talker, code_predictor=predictor, seed=args.seed,
             max_frames=args.max_frames, ignore_eos=args.ignore_eos)
     except ValueError as e:
@@ -232,9 +340,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="out.wav",
                    help="wav, flac, mp3, opus, aac or pcm file; '-' writes raw s16le 24 kHz mono to stdout")
     p.add_argument("--codes-out", type=Path, help="save the codes as an int array [frames, 16] (.npy)")
+    p.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/, or QTTS_VOICES_DIR)")
     p.add_argument("--threads", type=int, default=0)
     _add_device_args(p)
     p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("voice", help="cloned voices: create, design, list, delete")
+    vsub = p.add_subparsers(dest="voice_command", required=True)
+    for name, helptext in (("create", "clone a voice from a few seconds of audio"),
+                           ("design", "design a voice from instructions, then clone it (stable across requests)")):
+        q = vsub.add_parser(name, help=helptext)
+        q.add_argument("name")
+        if name == "create":
+            q.add_argument("--audio", type=Path, required=True, help="reference clip, any common format, 1-30 s")
+            q.add_argument("--text", help="exactly what the clip says (in-context clone); omit for x-vector only")
+        else:
+            q.add_argument("--instructions", required=True, help="the voice, e.g. 'a calm, low elderly voice'")
+            q.add_argument("--design-model", type=Path, required=True, help="a VoiceDesign model folder")
+            q.add_argument("--text", help="the reference sentence VoiceDesign speaks (default: one per language)")
+            q.add_argument("--seed", type=int, default=0)
+            q.add_argument("--max-frames", type=int, default=600)
+        q.add_argument("--model", type=Path, help="the Base model folder (default: the only model under model-base/)")
+        q.add_argument("--language", default="auto")
+        q.add_argument("--trailing-silence", type=float, default=0.5,
+                       help="seconds of silence appended to the reference (stops its last sound bleeding in)")
+        q.add_argument("--force", action="store_true", help="replace an existing voice of that name")
+        q.add_argument("--threads", type=int, default=0)
+        q.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/, or QTTS_VOICES_DIR)")
+    q = vsub.add_parser("list", help="built-in speakers and voice profiles")
+    q.add_argument("--voices-dir", type=Path)
+    q = vsub.add_parser("delete", help="remove a voice profile")
+    q.add_argument("name")
+    q.add_argument("--voices-dir", type=Path)
+    p.set_defaults(func=_cmd_voice)
 
     p = sub.add_parser("pull", help="download an official checkpoint and convert it into model-base/")
     p.add_argument("repo_id", help="e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")

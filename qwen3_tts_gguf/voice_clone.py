@@ -293,7 +293,7 @@ class VoiceCloner:
         return VoiceProfile.create(
             name=name, model_size=self.manifest.model_size, hidden_size=self.hidden_size, language=language,
             mode="icl" if icl else "xvector", ref_text=ref_text if icl else None,
-            ref_codes=codes if icl else None, speaker_embedding=xvec,
+            ref_codes=codes if icl else None, speaker_embedding=xvec, model=self.manifest.name,
         )
 
 

@@ -118,6 +118,7 @@ class VoiceProfile:
     ref_text: str | None = None  # ICL: transcript of the reference audio
     ref_codes: np.ndarray | None = None  # ICL: int64 [T, 16] codec codes of the reference audio
     created_at: str = field(default_factory=_utc_now)
+    model: str = ""  # name of the converted model it was made with (the model it speaks with by default)
     model_family: str = MODEL_FAMILY
     model_type: str = MODEL_TYPE
     format_version: int = FORMAT_VERSION
@@ -149,6 +150,8 @@ class VoiceProfile:
             raise VoiceProfileError(f"voice {self.name!r} has mode {self.mode!r}; expected one of {', '.join(MODES)}")
         if not isinstance(self.language, str) or not self.language:
             raise VoiceProfileError(f"voice {self.name!r} has an invalid language {self.language!r}")
+        if not isinstance(self.model, str):
+            raise VoiceProfileError(f"voice {self.name!r} has an invalid model name")
         if not isinstance(self.created_at, str):
             raise VoiceProfileError(f"voice {self.name!r} has an invalid created_at")
         emb = np.asarray(self.speaker_embedding)
@@ -185,6 +188,14 @@ class VoiceProfile:
                                     f"(hidden {self.hidden_size}); this model is {model_size} (hidden "
                                     f"{hidden_size}): create the voice again with this model")
 
+    def voice_spec(self, language: str | None = None, instruct: str | None = None):
+        """The engine's VoiceSpec for this voice (x-vector, plus transcript and codes in ICL mode)."""
+        from .prompt import ReferencePrompt, VoiceSpec
+
+        reference = ReferencePrompt(self.ref_text, self.ref_codes) if self.mode == "icl" else None
+        return VoiceSpec(speaker_embedding=self.speaker_embedding, instruct=instruct,
+                         language=language or self.language, reference=reference)
+
     # -- JSON -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         self.validate()
@@ -192,6 +203,7 @@ class VoiceProfile:
             "format_version": self.format_version, "name": self.name, "model_family": self.model_family,
             "model_type": self.model_type, "model_size": self.model_size, "hidden_size": self.hidden_size,
             "language": self.language, "mode": self.mode, "ref_text": self.ref_text, "created_at": self.created_at,
+            "model": self.model,
             "speaker_embedding": _encode_array(self.speaker_embedding, "float32"),
             "ref_codes": None if self.ref_codes is None else _encode_array(self.ref_codes, "int16"),
         }
@@ -211,7 +223,7 @@ class VoiceProfile:
             raise VoiceProfileError(f"{source} was made for model family {d.get('model_family')!r}, not "
                                     f"{MODEL_FAMILY!r}; create the voice again with this model")
         known = {"format_version", "name", "model_family", "model_type", "model_size", "hidden_size", "language",
-                 "mode", "ref_text", "created_at", "speaker_embedding", "ref_codes"}
+                 "mode", "ref_text", "created_at", "speaker_embedding", "ref_codes", "model"}
         missing = {"name", "model_type", "model_size", "hidden_size", "mode", "speaker_embedding"} - set(d)
         if missing:
             raise VoiceProfileError(f"{source} lacks {', '.join(sorted(missing))}")
@@ -224,7 +236,8 @@ class VoiceProfile:
             speaker_embedding=_decode_array(d["speaker_embedding"], "float32", f"{source}: speaker_embedding"),
             mode=d["mode"], language=d.get("language", "auto"), ref_text=d.get("ref_text"),
             ref_codes=None if codes is None else _decode_array(codes, "int16", f"{source}: ref_codes"),
-            created_at=d.get("created_at", ""), model_family=d["model_family"], model_type=d["model_type"],
+            created_at=d.get("created_at", ""), model=d.get("model", ""), model_family=d["model_family"],
+            model_type=d["model_type"],
             format_version=d["format_version"],
         )
         profile.validate()
