@@ -13,7 +13,10 @@ from fastapi.staticfiles import StaticFiles
 
 from qwen3_tts_gguf import __version__
 
-from . import catalog, headers, health, metrics, speech
+from qwen3_tts_gguf.voices import VoiceStore
+
+from . import catalog, headers, health, metrics, speech, websocket
+from . import voice_profiles as voice_profiles_module
 from .config import ServerConfig
 from .errors import install_error_handlers
 from .middleware import APIKeyMiddleware, RequestObserver
@@ -21,8 +24,9 @@ from .registry import ModelRegistry
 from .state import AppState
 from .voices import NoVoiceProfiles, VoiceProfiles
 
-# Feature routers, in order. The WebSocket endpoint (/v1/ws) joins this list when it exists.
-ROUTERS: tuple[APIRouter, ...] = (speech.router, catalog.router, health.router, metrics.router)
+# Feature routers, in order.
+ROUTERS: tuple[APIRouter, ...] = (speech.router, websocket.router, catalog.router, voice_profiles_module.router,
+                                  health.router, metrics.router)
 
 
 def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles: VoiceProfiles | None = None,
@@ -32,7 +36,10 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
     The registry's models stay loaded after the app stops (`registry.close()` frees them).
     The web console (`config.webui_dir`) is mounted at `/` last, so API routes always win.
     """
-    state = AppState(config=config, registry=registry, voice_profiles=voice_profiles or NoVoiceProfiles())
+    if voice_profiles is None:  # profiles live in config.voices_dir (none when it is not set)
+        voice_profiles = (voice_profiles_module.StoredVoiceProfiles(VoiceStore(config.voices_dir))
+                          if config.voices_dir is not None else NoVoiceProfiles())
+    state = AppState(config=config, registry=registry, voice_profiles=voice_profiles)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -25,6 +25,7 @@ from .streaming import (
     sse_body,
 )
 from .synthesis import SpeechPlan, plan_speech
+from .voice_profiles import model_for_voice
 
 log = logging.getLogger("api.speech")
 
@@ -45,7 +46,8 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """
     state = get_state(request)
     received_at = getattr(request.state, "received_at", None) or time.monotonic()
-    plan = plan_speech(body, state.registry.resolve(body.model), state.voice_profiles)
+    served = model_for_voice(state.registry, body.model, body.voice_id, state.voice_profiles)
+    plan = plan_speech(body, served, state.voice_profiles)
     if plan.voice.instructions_ignored:
         log.info("instructions ignored: model %s cannot take them", plan.served.id)
     encoder = StreamingEncoder(body.response_format, plan.served.model.sample_rate, body.speed)

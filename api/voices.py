@@ -9,7 +9,7 @@ Rules by model type (manifest.model_type):
 - voice_design: the instructions describe the voice, and `voice` is accepted and ignored. A
   request without instructions gets the description of its OpenAI voice name (so clients that only
   know `tts-1` + `alloy` still work); with neither it is a 400.
-- base (voice cloning): only voice profiles can speak; none exist until the Voices issue lands.
+- base (voice cloning): only voice profiles speak (`api/voice_profiles.py`).
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def speaker_for(manifest: Manifest, voice_id: str) -> str | None:
 def resolve_voice(manifest: Manifest, voice_id: str, instructions: str | None, language: str | None,
                   profiles: VoiceProfiles) -> ResolvedVoice:
     """The VoiceSpec for a request, or APIError 400 naming the parameter that is wrong."""
+    requested_language = language
     language = language or "auto"
     try:
         resolve_language(manifest, VoiceSpec(language=language))  # the engine's own rule
@@ -145,7 +146,9 @@ def resolve_voice(manifest: Manifest, voice_id: str, instructions: str | None, l
     profile = profiles.lookup(voice_id, manifest)
     if profile is not None:
         instruct = instructions if takes_instructions else None
-        return ResolvedVoice(replace(profile, instruct=instruct or profile.instruct, language=language), voice_id,
+        # a profile keeps the language it was made with unless the request names one
+        return ResolvedVoice(replace(profile, instruct=instruct or profile.instruct,
+                                     language=requested_language or profile.language), voice_id,
                              instructions_ignored=bool(instructions) and not takes_instructions)
     if manifest.model_type == "voice_design":
         description = instructions or (OPENAI_VOICES[voice_id.lower()].description
