@@ -62,6 +62,8 @@ def _call_wrapper(tts, text, speaker, language, instruct, clone, kwargs):
     if tts.model.tts_model_type == "voice_design":
         return tts.generate_voice_design(text=text, instruct=instruct or "", language=language, **kwargs)
     if tts.model.tts_model_type == "base":
+        if isinstance(clone, dict):  # {"ref_audio": (wav, sr), "ref_text": ..., "x_vector_only_mode": ...}
+            return tts.generate_voice_clone(text=text, language=language, **clone, **kwargs)
         return tts.generate_voice_clone(text=text, language=language, voice_clone_prompt=clone, **kwargs)
     return tts.generate_custom_voice(text=text, speaker=speaker, instruct=instruct, language=language, **kwargs)
 
