@@ -47,6 +47,7 @@ from qwen3_tts_gguf.prompt import PromptError
 from qwen3_tts_gguf.scheduler import EngineBusy, EngineStopped, Stream
 
 from .errors import (
+    SERVER_ERROR,
     APIError,
     invalid_request,
     queue_full,
@@ -60,6 +61,7 @@ from .schemas import MAX_INPUT_CHARS, SpeechRequest
 from .state import AppState, get_state
 from .streaming import OffloadedEncoder
 from .synthesis import SpeechPlan, plan_speech
+from .voice_profiles import model_for_voice
 
 log = logging.getLogger("api.websocket")
 
@@ -266,6 +268,11 @@ class Connection:
             await handler(message)
         except APIError as e:
             await self.send_error(e, self.session.id if self.session else None)
+        except Exception:  # a bug must not take the socket (or the server) down: report it, go on
+            log.exception("websocket message failed")
+            await self.send_error(APIError("The server had an error while processing your message.",
+                                           status_code=500, type=SERVER_ERROR, code="internal_error"),
+                                  self.session.id if self.session else None)
 
     # -- messages ---------------------------------------------------------------------------------
     async def start(self, message: dict[str, Any]) -> None:
@@ -274,8 +281,8 @@ class Connection:
                                   "wait for 'done' before the next 'start'.", code="stream_active")
         registry = self.state.registry
         body, ignored = speech_request(message, registry.default.id)
-        plan = replace(plan_speech(body, registry.resolve(body.model), self.state.voice_profiles),
-                       ignored_fields=ignored)
+        served = model_for_voice(registry, body.model, body.voice_id, self.state.voice_profiles)  # as the route
+        plan = replace(plan_speech(body, served, self.state.voice_profiles), ignored_fields=ignored)
         request = replace(plan.request, text="", text_mode="streaming")
         sample_rate = plan.served.model.sample_rate
         encoder = StreamingEncoder(body.response_format, sample_rate, body.speed)

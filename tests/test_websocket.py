@@ -1,0 +1,317 @@
+"""WebSocket /v1/ws end to end: a real uvicorn server, the `websockets` client library.
+
+The proof that live text loses nothing: text sent in 1-3 character deltas (with pauses that let
+the engine run dry) gives the same PCM bytes as POST /v1/audio/speech with the whole text in the
+streaming text mode, same seed and max_frames (deterministic engine profile). Random weights rarely
+say EOS, so every session caps `max_frames`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from api import ModelRegistry, ServerConfig, create_app
+from api.testing import ServerThread
+from qwen3_tts_gguf.model import EngineSettings
+
+KEY = "test-key"
+TEXT = "Hello there, this is a live streaming test of words."
+SEED = 11
+FRAMES = 16
+SAMPLES_PER_FRAME = 1920
+MAX_STREAMS = 4
+TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def registry(tiny_cv_f32):
+    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True,
+                                                                 max_streams=MAX_STREAMS, max_pending=4))
+    yield registry
+    registry.close()
+
+
+@pytest.fixture(scope="module")
+def server(registry):
+    app = create_app(ServerConfig(api_key=KEY, webui_dir=None), registry)
+    with ServerThread(app) as running:
+        yield running
+
+
+def ws_url(server: ServerThread, key: str | None = KEY) -> str:
+    return f"ws://{server.host}:{server.port}/v1/ws" + (f"?api_key={key}" if key is not None else "")
+
+
+def open_ws(server: ServerThread, key: str | None = KEY, **kwargs) -> ClientConnection:
+    return connect(ws_url(server, key), proxy=None, open_timeout=TIMEOUT, **kwargs)
+
+
+def send(ws: ClientConnection, **message) -> None:
+    ws.send(json.dumps(message))
+
+
+def event(ws: ClientConnection) -> dict:
+    """The next message, which must be a JSON event."""
+    message = ws.recv(timeout=TIMEOUT)
+    assert isinstance(message, str), f"expected an event, got {len(message)} audio bytes"
+    return json.loads(message)
+
+
+def until_done(ws: ClientConnection) -> tuple[bytes, list[dict]]:
+    """Audio and events up to and including `done`."""
+    audio, events = bytearray(), []
+    while not events or events[-1]["type"] != "done":
+        message = ws.recv(timeout=TIMEOUT)
+        if isinstance(message, bytes):
+            audio += message
+        else:
+            events.append(json.loads(message))
+    return bytes(audio), events
+
+
+def start(ws: ClientConnection, **fields) -> dict:
+    send(ws, type="start", **{"voice": "ryan", "seed": SEED, "max_frames": FRAMES, **fields})
+    started = event(ws)
+    assert started["type"] == "started", started
+    return started
+
+
+def wait_idle(registry: ModelRegistry, timeout: float = 10.0) -> dict:
+    """The engine's load once no stream is active or waiting (fails after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        load = registry.default.engine.load()
+        if (load["active"], load["waiting"]) == (0, 0) or time.monotonic() > deadline:
+            return load
+        time.sleep(0.02)
+
+
+def whole_text_pcm(server: ServerThread, text: str, **extra) -> bytes:
+    """POST /v1/audio/speech with the whole text in the streaming text mode (the reference)."""
+    response = httpx.post(f"{server.url}/v1/audio/speech", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                          json={"model": "tts-1", "input": text, "voice": "ryan", "response_format": "pcm",
+                                "text_mode": "streaming", "seed": SEED, "max_frames": FRAMES, **extra})
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+# -- live text equals the whole text -------------------------------------------------------------
+
+
+def test_deltas_of_one_to_three_characters_give_the_bytes_of_the_whole_text(server, registry):
+    reference = whole_text_pcm(server, TEXT)
+    rng = np.random.default_rng(0)
+    with open_ws(server) as ws:
+        started = start(ws)
+        assert started["model"] == registry.default.id and started["voice"] == "ryan"
+        assert (started["sample_rate"], started["channels"], started["format"]) == (24000, 1, "pcm")
+        half, i = len(TEXT) // 2, 0
+        while i < len(TEXT):
+            n = int(rng.integers(1, 4))
+            send(ws, type="text", text=TEXT[i:i + n])
+            i += n
+            if rng.random() < 0.3:
+                time.sleep(0.01)  # let the engine run dry and wait for text
+            if half <= i < half + n:
+                # synthesis starts before the sentence is complete: audio arrives with half the text
+                assert isinstance(first := ws.recv(timeout=TIMEOUT), bytes)
+        send(ws, type="stop")
+        audio, events = until_done(ws)
+    audio = first + audio
+    assert audio == reference
+    done = events[-1]
+    text_tokens = len(registry.default.model.prompts.text_ids(TEXT))
+    assert done["finish_reason"] in ("max_frames", "eos")
+    assert done["usage"] == {"input_tokens": text_tokens, "output_tokens": len(audio) // 2 // SAMPLES_PER_FRAME,
+                             "total_tokens": text_tokens + len(audio) // 2 // SAMPLES_PER_FRAME}
+    assert done["audio_s"] == pytest.approx(len(audio) / 2 / 24000)
+    assert done["timings"]["first_audio_s"] > 0 and done["id"] == started["id"]
+
+
+# -- cancel, reuse, disconnect ---------------------------------------------------------------------
+
+
+def test_cancel_frees_the_slot_and_the_socket_takes_another_start(server, registry):
+    with open_ws(server) as ws:
+        start(ws, max_frames=400)
+        send(ws, type="text", text="Hello there, this is a sentence that is never finished")
+        assert isinstance(ws.recv(timeout=TIMEOUT), bytes)
+        assert registry.default.engine.load()["active"] == 1
+        send(ws, type="cancel")
+        _, events = until_done(ws)
+        assert events[-1]["finish_reason"] == "cancelled"
+        assert wait_idle(registry) == {"active": 0, "waiting": 0, "free_slots": MAX_STREAMS}
+        # the same socket, the next utterance
+        start(ws, max_frames=3)
+        send(ws, type="text", text="Second one.")
+        send(ws, type="stop")
+        audio, events = until_done(ws)
+        assert events[-1]["finish_reason"] in ("max_frames", "eos") and 0 < len(audio) <= 3 * 2 * SAMPLES_PER_FRAME
+        send(ws, type="cancel")  # nothing to cancel any more: a no-op, no error
+        start(ws, max_frames=1, format="wav")
+        send(ws, type="text", text="Third.")
+        send(ws, type="stop")
+        audio, events = until_done(ws)
+        assert [e["type"] for e in events] == ["done"]
+        assert audio[:4] == b"RIFF" and len(audio) == 44 + 2 * SAMPLES_PER_FRAME
+
+
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_a_client_that_disconnects_cancels_its_stream(server, registry, how):
+    """A clean close and a dropped TCP connection alike."""
+    engine = registry.default.engine
+    cancelled_before = engine.stats["cancelled"]
+    with open_ws(server) as ws:
+        start(ws, max_frames=400)
+        send(ws, type="text", text="Hello there, this text keeps the stream waiting for more")
+        assert isinstance(ws.recv(timeout=TIMEOUT), bytes)
+        ws.close() if how == "close" else ws.close_socket()
+        assert wait_idle(registry) == {"active": 0, "waiting": 0, "free_slots": MAX_STREAMS}
+    assert engine.stats["cancelled"] == cancelled_before + 1
+
+
+# -- bad messages ------------------------------------------------------------------------------------
+
+
+def expect_error(ws: ClientConnection, code: str, param: str | None = None) -> dict:
+    message = event(ws)
+    assert message["type"] == "error", message
+    error = message["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+def test_bad_messages_get_error_events_and_the_socket_keeps_working(server, registry):
+    with open_ws(server) as ws:
+        ws.send("not json")
+        assert expect_error(ws, "invalid_json")["type"] == "invalid_request_error"
+        ws.send("[1, 2]")
+        expect_error(ws, "invalid_value", "type")
+        send(ws, type="speak")
+        expect_error(ws, "invalid_value", "type")
+        ws.send(b"\x00\x01")
+        expect_error(ws, "unsupported_message")
+        send(ws, type="text", text="early")
+        expect_error(ws, "no_active_stream")
+        send(ws, type="stop")
+        expect_error(ws, "no_active_stream")
+        send(ws, type="start", voice="nobody")
+        expect_error(ws, "invalid_value", "voice")
+        send(ws, type="start", voice="ryan", model="no-such-model")
+        expect_error(ws, "model_not_found", "model")
+        send(ws, type="start")
+        expect_error(ws, "missing_required_parameter", "voice")
+        send(ws, type="start", voice="ryan", temperature=-1)
+        expect_error(ws, "invalid_value", "temperature")
+        send(ws, type="start", voice="ryan", format="ogg")
+        expect_error(ws, "invalid_value", "response_format")
+        # a stream: a second start, a text without text, stop, then text after stop
+        started = start(ws, max_frames=2)
+        send(ws, type="start", voice="ryan")
+        expect_error(ws, "stream_active")
+        send(ws, type="text", text=42)
+        expect_error(ws, "invalid_value", "text")
+        send(ws, type="text", text="x" * 4097)
+        expect_error(ws, "string_above_max_length", "text")
+        send(ws, type="text", text="Fine.")
+        send(ws, type="stop")
+        send(ws, type="text", text="late")
+        audio, events = until_done(ws)
+        assert [e["type"] for e in events] == ["error", "done"] and events[0]["error"]["code"] == "stream_closed"
+        assert events[1]["id"] == started["id"] and len(audio) == 2 * 2 * SAMPLES_PER_FRAME
+        # stop without any text: the session fails cleanly
+        start(ws)
+        send(ws, type="stop")
+        _, events = until_done(ws)
+        assert [e["type"] for e in events] == ["error", "done"]
+        assert events[0]["error"]["code"] == "empty_input" and events[1]["finish_reason"] == "error"
+    assert wait_idle(registry)["active"] == 0
+
+
+def test_an_engine_failure_mid_stream_is_an_error_then_done(server, registry, monkeypatch):
+    codec = registry.default.model.codec
+    real_decode, calls = codec.decode, []
+
+    def decode_then_fail(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("codec exploded")
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(codec, "decode", decode_then_fail)
+    with open_ws(server) as ws:
+        start(ws)
+        send(ws, type="text", text=TEXT)
+        send(ws, type="stop")
+        audio, events = until_done(ws)
+        monkeypatch.undo()
+        assert len(audio) == 2 * SAMPLES_PER_FRAME  # the first chunk (1 frame) got out
+        assert [e["type"] for e in events] == ["error", "done"]
+        assert events[0]["error"]["type"] == "server_error" and events[0]["error"]["code"] == "synthesis_failed"
+        assert "codec exploded" in events[0]["error"]["message"] and events[1]["finish_reason"] == "error"
+        start(ws, max_frames=1)  # the socket lives on
+        send(ws, type="text", text="Again.")
+        send(ws, type="stop")
+        assert until_done(ws)[1][-1]["finish_reason"] in ("max_frames", "eos")
+
+
+def test_start_reports_fields_that_do_not_apply(server):
+    with open_ws(server) as ws:
+        started = start(ws, max_frames=1, input="ignored", text_mode="non-streaming", lang_code="a")
+        assert started["ignored_fields"] == ["input", "lang_code", "text_mode"]
+        send(ws, type="cancel")
+        until_done(ws)
+
+
+# -- authentication and origins ----------------------------------------------------------------------
+
+
+def refused(ws: ClientConnection) -> tuple[dict, int | None]:
+    """The refusal event and the close code."""
+    message = event(ws)
+    with pytest.raises(ConnectionClosed):
+        ws.recv(timeout=TIMEOUT)
+    return message, ws.close_code
+
+
+@pytest.mark.parametrize("key", [None, "wrong"])
+def test_a_missing_or_wrong_key_is_refused(server, key):
+    with open_ws(server, key) as ws:
+        message, code = refused(ws)
+    assert message["type"] == "error" and message["error"]["code"] == "invalid_api_key" and code == 1008
+
+
+def test_the_key_as_query_parameter_subprotocol_or_header(server):
+    for kwargs, key in (({}, KEY),
+                        ({"subprotocols": ["qtts.v1", f"bearer.{KEY}"]}, None),
+                        ({"additional_headers": {"Authorization": f"Bearer {KEY}"}}, None)):
+        with open_ws(server, key, **kwargs) as ws:
+            if "subprotocols" in kwargs:
+                assert ws.subprotocol == "qtts.v1"
+            start(ws, max_frames=1)
+            send(ws, type="cancel")
+            assert until_done(ws)[1][-1]["type"] == "done"
+
+
+def test_browser_origins_other_than_the_server_itself_are_refused(server):
+    with open_ws(server, origin="http://evil.example") as ws:
+        message, code = refused(ws)
+    assert message["error"]["code"] == "origin_not_allowed" and code == 1008
+    with open_ws(server, origin=f"http://{server.host}:{server.port}") as ws:  # the web console
+        start(ws, max_frames=1)
+        send(ws, type="cancel")
+        until_done(ws)
