@@ -93,7 +93,8 @@ class _FedText:
         self._voice = request.voice
         self._prefix = prompts.prefix_rows(request.voice)  # validates the voice now
         tokenizer = prompts.tokenizer
-        self.feed = TextFeed(prompts.text_ids, tokenizer.pieces, on_change=engine._notify)
+        # plain encode of each new run of pieces = the template's body ids (text not starting with a newline)
+        self.feed = TextFeed(tokenizer.encode, tokenizer.pieces, on_change=engine._notify)
 
     def ready(self) -> bool:
         ids, closed = self.feed.snapshot()

@@ -2,7 +2,8 @@
 
 Text reaches the model only in pieces whose tokenization cannot change when more text arrives:
 BPE never merges across pre-tokenizer pieces, and growing the text only ever changes its last
-piece, so every piece but the last is final. The open tail is held back further when it looks
+piece, so every piece but the last is final; each push only looks at the text after the last
+committed piece, so a long stream costs linear time. The open tail is held back further when it looks
 like an unfinished number, date or URL (digits or / : . @ - since the last space), so e.g.
 "2026-11-" is not spoken until it closes. `close()` commits everything.
 """
@@ -60,25 +61,24 @@ class TextFeed:
             return self._buffer
 
     def _stable_end(self) -> int:
-        pieces = self._pre_tokenize(self._buffer)
-        final = pieces[:-1]  # every piece but the last is final
+        # pieces before the committed point are final, so only the open part is pre-tokenized again
+        # (a regex match from a piece boundary is the same in the suffix as in the whole text)
+        start = self._committed_chars
+        pieces = self._pre_tokenize(self._buffer[start:])
+        final = [start + p[1][1] for p in pieces[:-1]]  # every piece but the last is final
         last_space = max(self._buffer.rfind(" "), self._buffer.rfind("\n"), self._buffer.rfind("\t"))
         tail = self._buffer[last_space + 1:]
         if any(ch.isdigit() or ch in _URLISH for ch in tail):
             # an open number/date/URL waits for its end; the space before it joins its first piece
-            final = [p for p in final if p[1][1] <= last_space]
-        return final[-1][1][1] if final else 0
+            final = [end for end in final if end <= last_space]
+        return final[-1] if final else start
 
     def _commit(self, final: bool) -> None:
         end = len(self._buffer) if final else self._stable_end()
         if end <= self._committed_chars:
             return
-        ids = self._encode(self._buffer[:end])
-        if ids[: len(self._ids)] != self._ids:  # not seen at piece boundaries; never rewrite the past
-            if not final:
-                return  # hold until the text closes
-            ids = self._ids + ids[len(self._ids):]
-        self._ids = ids
+        # BPE never crosses a piece boundary: the new pieces' tokens simply follow the old ones
+        self._ids = self._ids + self._encode(self._buffer[self._committed_chars:end])
         self._committed_chars = end
 
     def _notify(self) -> None:
