@@ -24,8 +24,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert.verify import VerificationError
 
     try:
-        convert_checkpoint(args.hf_dir, args.output, args.quant, name=args.name, overwrite=args.force,
-                           verify=not args.no_verify, threads=args.threads)
+        convert_checkpoint(args.hf_dir, args.output, args.quant, name=args.name, cp_precision=args.cp_precision,
+                           overwrite=args.force, verify=not args.no_verify, threads=args.threads)
     except (CheckpointError, FileExistsError, VerificationError) as e:
         raise CliError(str(e)) from e
     return 0
@@ -272,7 +272,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     out = (args.output or model_base_dir()) / f"{repo_name}-{args.quant}"
     try:
         source = args.from_dir or download_checkpoint(args.repo_id, args.source)
-        convert_checkpoint(source, out, args.quant, overwrite=args.force)
+        convert_checkpoint(source, out, args.quant, cp_precision=args.cp_precision, overwrite=args.force)
     except (DownloadError, CheckpointError, FileExistsError, VerificationError) as e:
         raise CliError(str(e)) from e
     print(f"ready: {out}")
@@ -283,6 +283,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from api.server import run_server  # the engine package never imports the server at module level
 
     return run_server(args)
+
+
+def _add_cp_precision(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cp-precision", choices=("fp32", "int8", "int4"), default="int8",
+                   help="code predictor weights (default int8: ~2-3x faster; fp32 is the parity precision)")
 
 
 def _add_device_args(p: argparse.ArgumentParser) -> None:
@@ -304,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="model folder to write, e.g. model-base/<name>")
     p.add_argument("--quant", choices=QUANTS, default="q8_0", help="talker weight format (default q8_0; f32 is exact)")
     p.add_argument("--name", help="model name (default: the output folder's name)")
+    _add_cp_precision(p)
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-verify", action="store_true", help="skip the self-check of the written graphs")
     p.add_argument("--threads", type=int, default=0, help="threads for quantization (default: all)")
@@ -378,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("repo_id", help="e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
     p.add_argument("--quant", choices=QUANTS, default="q8_0")
     p.add_argument("--source", choices=("huggingface", "modelscope"), default="huggingface")
+    _add_cp_precision(p)
     p.add_argument("--from-dir", type=Path, help="use a checkpoint folder already downloaded")
     p.add_argument("--output", type=Path, help="parent folder (default: model-base/)")
     p.add_argument("--force", action="store_true", help="replace an existing converted model")

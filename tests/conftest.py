@@ -63,19 +63,23 @@ def _converter_digest() -> str:
     return h.hexdigest()[:10]
 
 
-def converted_model(name: str, quant: str = "f32") -> Path:
-    """A converted model folder of checkpoint `name` (cached; rebuilt when the converter changes)."""
+def converted_model(name: str, quant: str = "f32", cp_precision: str = "fp32") -> Path:
+    """A converted model folder of checkpoint `name` (cached; rebuilt when the converter changes).
+
+    The defaults are the parity precisions: f32 talker, fp32 code predictor."""
     from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
 
-    out = CACHE / "converted" / f"{name}-{quant}-{_converter_digest()}"
+    suffix = "" if cp_precision == "fp32" else f"-cp{cp_precision}"
+    out = CACHE / "converted" / f"{name}-{quant}{suffix}-{_converter_digest()}"
     if not (out / "manifest.json").exists():
-        convert_checkpoint(official_checkpoint(name), out, quant, overwrite=True, show_progress=False)
+        convert_checkpoint(official_checkpoint(name), out, quant, cp_precision=cp_precision, overwrite=True,
+                           show_progress=False)
     return out
 
 
 @pytest.fixture(scope="session")
 def converted_factory():
-    """Call with (checkpoint name, quant); returns a converted model folder."""
+    """Call with (checkpoint name, quant[, cp_precision]); returns a converted model folder."""
     return converted_model
 
 

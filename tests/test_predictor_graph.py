@@ -295,3 +295,32 @@ def test_sampling_params_from_generation_config():
     with pytest.raises(ValueError):
         SamplingParams(temperature=0.0)
     assert SamplingParams(temperature=0.0, greedy=True).greedy
+
+
+@pytest.mark.parametrize("precision,max_rel_rms", [("int8", 0.05), ("int4", 0.4)])
+def test_quantized_code_predictor_agreement(converted_factory, precision, max_rel_rms, record_property):
+    """MatMulNBits code predictors are not exact: report greedy agreement with fp32 and bound the
+    logit error (the converter's self-check measured it against the source weights too)."""
+    from qwen3_tts_gguf.manifest import load_manifest
+    from qwen3_tts_gguf.predictor import CodePredictor
+    from qwen3_tts_gguf.sampler import pack
+
+    fp32 = CodePredictor(converted_factory("tiny_cv", "f32") / "code_predictor.onnx", threads=1)
+    folder = converted_factory("tiny_cv", "f32", precision)
+    assert load_manifest(folder).code_predictor["precision"] == precision
+    quant = CodePredictor(folder / "code_predictor.onnx", threads=1)
+    rng = np.random.default_rng(3)
+    rows = 16
+    feeds = {"hidden": rng.standard_normal((rows, fp32.hidden_size)).astype(np.float32),
+             "code0": rng.integers(0, 2048, rows), "rand": np.zeros((rows, 15), np.float32),
+             **pack(SamplingParams(greedy=True), rows)}
+    ref_logits, ref_codes = fp32.session.run(["logits", "codes"], feeds)
+    logits, codes = quant.session.run(["logits", "codes"], feeds)
+    # step 0 (codebook 1) sees the same inputs in both; later steps feed back their own choices
+    logits, ref_logits = logits[:, 0], ref_logits[:, 0]
+    rel_rms = float(np.sqrt(np.mean((logits - ref_logits) ** 2)) / np.sqrt(np.mean(ref_logits ** 2)))
+    agreement = float((codes[:, 0] == ref_codes[:, 0]).mean())
+    record_property(f"{precision}_logit_rel_rms", rel_rms)
+    record_property(f"{precision}_codebook1_greedy_agreement", agreement)
+    print(f"{precision}: logits rel RMS {rel_rms:.4f}, codebook-1 greedy agreement {agreement:.2f}")
+    assert rel_rms < max_rel_rms

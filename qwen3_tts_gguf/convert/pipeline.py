@@ -18,6 +18,7 @@ from ..checkpoint import Checkpoint, CheckpointError
 from ..manifest import MANIFEST, FileEntry, Manifest, sha256_file
 from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
 from .onnx_builder import save_model
+from .predictor_graph import CP_PRECISIONS, build_code_predictor, quantize_code_predictor
 from .talker_gguf import QUANTS, write_talker_gguf
 from .text_tables import FILE_NAME as TEXT_TABLES
 from .text_tables import write_text_tables
@@ -71,11 +72,16 @@ def build_manifest(ckpt: Checkpoint, quant: str, name: str) -> Manifest:
 
 
 def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8_0", *, name: str | None = None,
-                       overwrite: bool = False, verify: bool = True, threads: int = 0,
+                       cp_precision: str = "int8", overwrite: bool = False, verify: bool = True, threads: int = 0,
                        show_progress: bool = True) -> Manifest:
-    """Convert an official checkpoint folder into a model folder at `out_dir`; returns its manifest."""
+    """Convert an official checkpoint folder into a model folder at `out_dir`; returns its manifest.
+
+    `quant` is the talker's weight format, `cp_precision` the code predictor's (fp32 | int8 | int4;
+    fp32 is the parity precision, int8 the users' default)."""
     if quant not in QUANTS:
         raise CheckpointError(f"unknown quant {quant!r}; choose one of {', '.join(QUANTS)}")
+    if cp_precision not in CP_PRECISIONS:
+        raise CheckpointError(f"unknown code predictor precision {cp_precision!r}; choose {', '.join(CP_PRECISIONS)}")
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists (pass --force to replace it)")
@@ -102,9 +108,7 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         write_text_tables(ckpt, tmp / TEXT_TABLES)
         bar.update()
         stage("code predictor")
-        from .predictor_graph import build_code_predictor
-
-        save_model(build_code_predictor(ckpt), tmp / PREDICTOR_FILE)
+        save_model(quantize_code_predictor(build_code_predictor(ckpt), cp_precision), tmp / PREDICTOR_FILE)
         bar.update()
         stage("codec decoder")
         from .codec_graph import build_codec_decoder
@@ -124,6 +128,7 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         for f in TOKENIZER_FILES:
             shutil.copy(ckpt.path / f, tmp / f)
         manifest = build_manifest(ckpt, quant, name)
+        manifest.code_predictor["precision"] = cp_precision
         manifest.files = {
             p.name: FileEntry(bytes=p.stat().st_size, sha256=sha256_file(p))
             for p in sorted(tmp.iterdir()) if p.is_file()
