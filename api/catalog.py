@@ -12,17 +12,37 @@ from .voices import OFFICIAL_SPEAKERS, OPENAI_VOICES, VoiceProfiles, speaker_for
 router = APIRouter(tags=["models"])
 
 
+def card(card_id: str, served: ServedModel) -> ModelCard:
+    """OpenAI's Model object for `served` under the name `card_id`, plus what its manifest says."""
+    manifest = served.manifest
+    return ModelCard(
+        id=card_id, created=served.created, root=served.id, model_type=manifest.model_type,
+        model_size=manifest.model_size, instruct_supported=bool(manifest.instruct_supported),
+        languages=[name for name in manifest.languages if "dialect" not in name],  # the engine's rule
+        speakers=list(manifest.speakers), default_text_mode=manifest.default_text_mode)
+
+
 def model_cards(registry: ModelRegistry) -> list[ModelCard]:
     """Every served model, then OpenAI's ids as aliases of the default (`root` names the model)."""
-    cards = [ModelCard(id=m.id, created=m.created, root=m.id) for m in registry.models]
-    default = registry.default
-    return cards + [ModelCard(id=alias, created=default.created, root=default.id) for alias in registry.aliases]
+    return [card(m.id, m) for m in registry.models] + [card(alias, registry.default) for alias in registry.aliases]
+
+
+def profile_models(registry: ModelRegistry, entry: dict) -> list[str]:
+    """The served Base models a profile can speak with (its size), the one it names first: the first
+    is what a request naming the default model or an alias speaks with (`model_for_voice`)."""
+    fits = [m for m in registry.models
+            if m.manifest.model_type == "base" and m.manifest.model_size == entry.get("model_size")]
+    named = [m for m in fits if entry.get("model") in (m.id, m.manifest.name, m.folder.name)]
+    return [m.id for m in named + [m for m in fits if m not in named]]
 
 
 def voice_entries(registry: ModelRegistry, profiles: VoiceProfiles, model: ServedModel | None = None) -> list[Voice]:
     """Speakers of each model, OpenAI's voice names (with the speaker each maps to), then profiles.
 
-    A voice that several models have is listed once, with all their ids in `models`.
+    A voice that several models have is listed once, with all their ids in `models`. A profile's
+    `models` are the Base models it speaks with; for `model` it is listed when that is one of them,
+    or when `model` is the default (a request for the default or an alias is routed to the
+    profile's Base model).
     """
     models = [model] if model is not None else list(registry.models)
     speakers: dict[str, Voice] = {}
@@ -42,9 +62,10 @@ def voice_entries(registry: ModelRegistry, profiles: VoiceProfiles, model: Serve
             openai.append(Voice(id=name, name=name.title(), kind="openai", models=[s.id for s in takers],
                                 description=voice.description,
                                 speaker=mapped.pop() if len(mapped) == 1 else None))
-    ids = {s.id for s in models}
-    saved = [Voice.model_validate({"kind": "profile", "models": [], **entry}) for entry in profiles.entries()]
-    saved = [v for v in saved if model is None or not v.models or ids & set(v.models)]
+    saved = [Voice.model_validate({**entry, "kind": "profile", "models": profile_models(registry, entry)})
+             for entry in profiles.entries()]
+    if model is not None:
+        saved = [v for v in saved if model.id in v.models or (model is registry.default and v.models)]
     return list(speakers.values()) + openai + saved
 
 
@@ -56,9 +77,8 @@ async def list_models(request: Request) -> ModelList:
 
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard)
 async def retrieve_model(model_id: str, request: Request) -> ModelCard:
-    """One model by id, alias or folder name (404 in the OpenAI envelope otherwise)."""
-    served = get_state(request).registry.resolve(model_id)
-    return ModelCard(id=model_id, created=served.created, root=served.id)
+    """One model by id, alias or folder name (404 in the OpenAI envelope otherwise); `id` is the name asked for."""
+    return card(model_id, get_state(request).registry.resolve(model_id))
 
 
 @router.get("/v1/audio/models", response_model=AudioModelList)

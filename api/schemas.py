@@ -82,13 +82,28 @@ class Usage(BaseModel):
 
 
 class ModelCard(BaseModel):
-    """One entry of GET /v1/models (OpenAI's Model object; `root` names what an alias serves)."""
+    """One entry of GET /v1/models (OpenAI's Model object; `root` names what an alias serves).
+
+    After OpenAI's fields come extensions from the served model's manifest (an alias carries those
+    of the model it names), so clients such as the web console need not guess what a model can do.
+    """
 
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "qwen3-tts-x"
     root: str
+    # -- extensions (manifest) ------------------------------------------------------------------
+    model_type: str = Field(
+        description="custom_voice (named speakers), voice_design (instructions describe the voice) or "
+                    "base (voice profiles only)")
+    model_size: str = Field(description='"0.6b" or "1.7b"')
+    instruct_supported: bool = Field(description="whether `instructions` steer the voice (else ignored)")
+    languages: list[str] = Field(description="`language` values besides auto (dialects are picked by "
+                                             "their speakers, not listed)")
+    speakers: list[str] = Field(description="named speakers (CustomVoice models; empty otherwise)")
+    default_text_mode: str = Field(
+        description="the `text_mode` a request gets when it names none")
 
 
 class ModelList(BaseModel):
@@ -117,6 +132,11 @@ class Voice(BaseModel):
     language: str | None = None
     description: str | None = None
     speaker: str | None = Field(None, description="the speaker an OpenAI voice name maps to")
+    # -- voice profiles ---------------------------------------------------------------------------
+    mode: str | None = Field(
+        None, description="a profile's clone mode: icl (with its transcript) or xvector (speaker embedding only)")
+    model_size: str | None = Field(None, description="the Base model size a profile was made with")
+    created_at: str | int | None = Field(None, description="when a profile was made (ISO 8601, UTC)")
 
 
 class VoiceList(BaseModel):

@@ -24,6 +24,9 @@ own host nor one of `--cors-origin` is refused: any web page could otherwise mak
 Refusals are an `error` event, then close code 1008.
 
 A client that disconnects cancels its stream; the engine frees the slot at its next iteration.
+A session that gets no `text` for IDLE_TIMEOUT_S seconds (a forgotten socket) is finished by the
+server as if `stop` had come (cancelled when it never got any text), so it cannot hold an engine
+slot forever; its `done` says `"idle_timeout": true`.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ engine's TextFeed re-tokenizes its whole buffer on every delta, so this also bou
 NOT_FOR_LIVE_TEXT = ("input", "text_mode", "stream_format")
 """Speech-request fields a session ignores (the text comes in deltas, always in streaming mode)."""
 _PLACEHOLDER_INPUT = "(live text)"
+IDLE_TIMEOUT_S: float | None = 30.0
+"""Seconds a session may go without a `text` message (from `started`, then from each text) before
+the server stops it as if `stop` had come; None or 0: never. Read when a session starts."""
 
 
 def _error_event(error: APIError, session_id: str | None = None) -> dict[str, Any]:
@@ -174,15 +180,20 @@ class Session:
     samples: int = 0
     stopped: bool = False
     cancelled: bool = False
+    idle_timeout: bool = False
+    """The server ended the text because none came for IDLE_TIMEOUT_S."""
+    last_text_at: float = 0.0
     pump: asyncio.Task | None = None
+    watchdog: asyncio.Task | None = None
 
     @property
     def sample_rate(self) -> int:
         return self.plan.served.model.sample_rate
 
     def push(self, delta: str) -> None:
+        self.last_text_at = time.monotonic()
         if self.first_text_at is None:
-            self.first_text_at = time.monotonic()
+            self.first_text_at = self.last_text_at
         self.chars += len(delta)
         self.has_text = self.has_text or bool(delta.strip())
         self.stream.push_text(delta)
@@ -198,6 +209,7 @@ class Session:
             "type": "done", "id": self.id, "finish_reason": finish_reason,
             "usage": {"input_tokens": text_tokens, "output_tokens": frames, "total_tokens": text_tokens + frames},
             "audio_s": round(self.samples / self.sample_rate, 4),
+            "idle_timeout": self.idle_timeout,
             "timings": {
                 "first_audio_s": first_audio,  # from the first text message to the first audio sent
                 "elapsed_s": round(now - self.started_at, 4),
@@ -291,9 +303,10 @@ class Connection:
         except BaseException:
             encoder.close()
             raise
+        now = time.monotonic()
         session = Session(id=uuid.uuid4().hex, plan=plan, stream=stream,
                           encoder=OffloadedEncoder(encoder, self.state.encoder_pool),
-                          response_format=body.response_format, started_at=time.monotonic())
+                          response_format=body.response_format, started_at=now, last_text_at=now)
         self.session = session
         await self.send_event({
             "type": "started", "id": session.id, "model": plan.served.id, "voice": plan.voice.label,
@@ -302,6 +315,9 @@ class Connection:
             "ignored_fields": list(ignored),
         })
         session.pump = asyncio.create_task(self._pump(session), name=f"ws-pump-{session.id[:8]}")
+        if IDLE_TIMEOUT_S:
+            session.watchdog = asyncio.create_task(self._watch_idle(session, float(IDLE_TIMEOUT_S)),
+                                                   name=f"ws-idle-{session.id[:8]}")
 
     async def text(self, message: dict[str, Any]) -> None:
         session = self._require_session("text")
@@ -329,6 +345,23 @@ class Connection:
         if session is not None and not session.cancelled:
             session.cancelled = True
             session.stream.cancel()
+
+    async def _watch_idle(self, session: Session, timeout: float) -> None:
+        """Stop `session` once it has had no text for `timeout` seconds (a forgotten socket must not
+        hold its engine slot): as `stop` does, or as `cancel` when there is no text to speak."""
+        while not (session.stopped or session.cancelled):
+            remaining = session.last_text_at + timeout - time.monotonic()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+                continue
+            session.idle_timeout = True
+            log.info("websocket stream %s got no text for %g s: stopping it", session.id, timeout)
+            if session.has_text:
+                session.stopped = True
+                session.stream.close_text()
+            else:
+                session.cancelled = True
+                session.stream.cancel()
 
     def _require_session(self, kind: str) -> Session:
         if self.session is None:
@@ -366,6 +399,8 @@ class Connection:
                          if not session.has_text else synthesis_failed(result.error or "unknown error"))
         finally:
             session.encoder.close()
+            if session.watchdog is not None:
+                session.watchdog.cancel()
         self._record(session, reason)
         if self.session is session:
             self.session = None  # the next `start` is welcome from here on
@@ -439,4 +474,5 @@ async def speech_socket(websocket: WebSocket) -> None:
     await Connection(websocket, state).run()
 
 
-__all__ = ["router", "PATH", "SUBPROTOCOL", "Connection", "Session", "speech_request", "origin_allowed"]
+__all__ = ["router", "PATH", "SUBPROTOCOL", "IDLE_TIMEOUT_S", "Connection", "Session", "speech_request",
+           "origin_allowed"]

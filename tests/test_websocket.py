@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from api import ModelRegistry, ServerConfig, create_app
+from api import websocket as websocket_module
 from api.testing import ServerThread
 from qwen3_tts_gguf.model import EngineSettings
 
@@ -315,3 +316,41 @@ def test_browser_origins_other_than_the_server_itself_are_refused(server):
         start(ws, max_frames=1)
         send(ws, type="cancel")
         until_done(ws)
+
+
+# -- idle timeout ------------------------------------------------------------------------------------
+
+
+def test_a_session_without_text_for_the_idle_timeout_is_stopped(server, registry, monkeypatch):
+    """A forgotten socket does not hold its engine slot: no text for IDLE_TIMEOUT_S acts as `stop`
+    (as `cancel` when no text came at all); text that keeps coming keeps the session open."""
+    monkeypatch.setattr(websocket_module, "IDLE_TIMEOUT_S", 0.6)
+    with open_ws(server) as ws:
+        # text every 0.2 s for longer than the timeout: never stopped, then a normal stop
+        start(ws, max_frames=40)
+        for word in ("One ", "two ", "three ", "four ", "five."):
+            send(ws, type="text", text=word)
+            time.sleep(0.2)
+        send(ws, type="stop")
+        _, events = until_done(ws)
+        assert [e["type"] for e in events] == ["done"] and events[-1]["idle_timeout"] is False
+        # text, then silence: finished as if `stop` had come, with the same audio
+        t0 = time.monotonic()
+        start(ws)
+        send(ws, type="text", text=TEXT)
+        audio, events = until_done(ws)
+        assert time.monotonic() - t0 >= 0.6
+        assert [e["type"] for e in events] == ["done"], events
+        assert events[-1]["idle_timeout"] is True and events[-1]["finish_reason"] in ("max_frames", "eos")
+        assert audio == whole_text_pcm(server, TEXT)
+        assert wait_idle(registry)["active"] == 0
+        # no text at all: cancelled, no error; the socket takes the next start
+        start(ws)
+        _, events = until_done(ws)
+        assert [e["type"] for e in events] == ["done"]
+        assert events[-1]["idle_timeout"] is True and events[-1]["finish_reason"] == "cancelled"
+        assert wait_idle(registry)["active"] == 0
+        start(ws, max_frames=1)
+        send(ws, type="text", text="Again.")
+        send(ws, type="stop")
+        assert until_done(ws)[1][-1]["idle_timeout"] is False

@@ -99,8 +99,12 @@ def test_the_page_speaks_a_sentence_and_the_wav_is_what_the_server_sent(page, se
     models = page.locator("#model option").all_inner_texts()
     assert models and not any(m.startswith("tts-1") for m in models)  # aliases are not listed twice
     assert "ryan" in page.locator("#voice option").evaluate_all("os => os.map(o => o.value)")
-    assert "english" in page.locator("#language option").evaluate_all("os => os.map(o => o.value)")
-    assert page.locator("#instructions").is_enabled()  # the 1.7B-like test model takes instructions
+    languages = page.locator("#language option").evaluate_all("os => os.map(o => o.value)")
+    assert languages[0] == "auto" and "english" in languages  # from the model card: no dialects
+    assert not any("dialect" in language for language in languages)
+    assert page.locator("#instructions").is_enabled()  # the card: the 1.7B-like test model takes instructions
+    page.click("#new-voice > summary")  # no Base model here: the page says cloning needs one
+    assert "needs a Base model" in page.inner_text("#nv-unavailable") and page.locator("#nv-create").is_disabled()
     page.select_option("#voice", "ryan")
     set_fields(page, seed="5", **{"max-frames": "12"})
     page.click("#speak")

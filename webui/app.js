@@ -3,6 +3,7 @@
 // Tests read window.__qtts (samples scheduled, chunks, time to first audio, requests, errors).
 
 import { Player, SAMPLE_RATE, Scope, s16, wavBlob } from './player.js';
+import { Recorder } from './recorder.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -17,6 +18,8 @@ const stats = {
   errors: [],            // every error shown
   events: [],            // WebSocket JSON events, in order
   live: { state: 'off', sentChars: 0, charsAtFirstAudio: null },
+  voices: { created: [], deleted: [] }, // POST / DELETE /v1/audio/voices that succeeded
+  recording: { state: 'idle', seconds: 0 },
   audioContext: null,
 };
 window.__qtts = stats;
@@ -81,9 +84,12 @@ async function getJSON(path) {
 }
 
 // -- models, voices, languages, instructions ----------------------------------------------------
+// The model cards (/v1/models) say what each model is and can do (model_type, instruct_supported,
+// languages, speakers); /v1/audio/voices lists every voice once: speakers and OpenAI names with the
+// models that have them, and the saved voice profiles with the Base models they speak with.
 
-const cards = new Map();        // model id -> /v1/models card (plus `type` from /ready)
-const learned = new Map();      // model id -> false once the server said it ignored instructions
+const cards = new Map();        // served model id -> its /v1/models card
+let voices = [];                // GET /v1/audio/voices
 
 async function refreshStatus() {
   try {
@@ -93,7 +99,6 @@ async function refreshStatus() {
     const active = body.models.reduce((n, m) => n + m.active, 0);
     const waiting = body.models.reduce((n, m) => n + m.waiting, 0);
     setPill($('server-status'), `ready · ${body.models.length} model${body.models.length > 1 ? 's' : ''} · ${active} active${waiting ? ` · ${waiting} waiting` : ''}`, 'ok');
-    for (const m of body.models) cards.set(m.id, { ...(cards.get(m.id) || {}), type: m.type });
   } catch (e) {
     setPill($('server-status'), `not ready: ${e.message}`, 'bad');
   }
@@ -110,12 +115,18 @@ async function loadModels() {
     await refreshStatus();
     const { data } = await getJSON('/v1/models');
     const served = data.filter((m) => m.root === m.id); // aliases (tts-1, ...) name the default
+    cards.clear();
+    for (const m of served) cards.set(m.id, m);
     const select = $('model');
     const previous = select.value || store.get('model');
-    select.replaceChildren(...served.map((m) => new Option(m.id, m.id)));
-    for (const m of served) cards.set(m.id, { ...(cards.get(m.id) || {}), ...m });
+    select.replaceChildren(...served.map((m) => {
+      const option = new Option(m.id, m.id);
+      option.title = `${TYPE_NAMES[m.model_type] || m.model_type} · ${m.model_size}`;
+      return option;
+    }));
     if (served.some((m) => m.id === previous)) select.value = previous;
     await loadVoices();
+    renderNewVoice();
     clearError();
     stats.ready = true;
   } catch (e) {
@@ -123,81 +134,147 @@ async function loadModels() {
   }
 }
 
-function modelType(id, voices) {
-  const card = cards.get(id) || {};
-  if (card.model_type || card.type) return card.model_type || card.type;
-  if (voices.some((v) => v.kind === 'speaker')) return 'custom_voice';
-  return voices.some((v) => v.kind === 'openai') ? 'voice_design' : 'base';
+const TYPE_NAMES = { custom_voice: 'CustomVoice', voice_design: 'VoiceDesign', base: 'Base (cloning)' };
+const MODES = { icl: 'in-context clone', xvector: 'x-vector clone' };
+
+/** Fetch the voice list, then show the picker with `select` (a voice id) selected if given. */
+async function loadVoices(select = null) {
+  ({ voices } = await getJSON('/v1/audio/voices'));
+  renderVoices(select);
 }
 
-/** true, false, or null (unknown: the field stays open and the server's answer teaches us). */
-function takesInstructions(id, type) {
-  const card = cards.get(id) || {};
-  if (typeof card.instruct_supported === 'boolean') return card.instruct_supported;
-  if (learned.has(id)) return learned.get(id);
-  if (type === 'voice_design') return true;
-  if (type === 'base') return false; // a cloned voice speaks as recorded
-  if (/(^|[^0-9.])0\.6b/i.test(id)) return false; // the 0.6B models cannot take instructions
-  return type === 'custom_voice' ? true : null;
+const selectedVoice = () => voices.find((v) => v.id === $('voice').value) || null;
+
+/** The model a request goes to: the picked one, or the Base model of a picked voice profile. */
+function effectiveModel() {
+  const voice = selectedVoice();
+  if (voice && voice.kind === 'profile' && voice.models.length) return voice.models[0];
+  return $('model').value;
 }
 
-async function loadVoices() {
+function renderVoices(preferred = null) {
   const model = $('model').value;
   store.set('model', model);
-  const { voices } = await getJSON(`/v1/audio/voices?model=${encodeURIComponent(model)}`);
-  const type = modelType(model, voices);
   const select = $('voice');
-  const previous = select.value || store.get('voice');
-  const groups = [['speaker', 'Speakers'], ['openai', 'OpenAI voice names'], ['profile', 'Saved voices']];
-  select.replaceChildren(...groups.map(([kind, label]) => {
+  const before = select.value;
+  const previous = preferred || before || store.get('voice');
+  const groups = [
+    ['speaker', 'Built-in speakers', (v) => v.models.includes(model)],
+    ['openai', 'OpenAI voice names', (v) => v.models.includes(model)],
+    ['profile', 'Your voices (cloned)', () => true], // a profile speaks with its own Base model
+  ];
+  const built = groups.map(([kind, label, fits]) => {
     const group = document.createElement('optgroup');
     group.label = label;
-    for (const v of voices.filter((x) => x.kind === kind)) {
+    group.dataset.kind = kind;
+    for (const v of voices.filter((x) => x.kind === kind && fits(x))) {
       const detail = kind === 'speaker' ? [v.language, v.gender].filter(Boolean).join(', ')
-        : kind === 'openai' ? (v.speaker ? `→ ${v.speaker}` : '') : '';
+        : kind === 'openai' ? (v.speaker ? `→ ${v.speaker}` : '')
+          : v.models.length ? (MODES[v.mode] || v.mode || '') : `no ${v.model_size} Base model served`;
       const option = new Option(detail ? `${v.name} — ${detail}` : v.name, v.id);
       option.title = v.description || '';
-      option.dataset.language = v.language || '';
+      option.dataset.kind = kind;
       group.append(option);
     }
     return group;
-  }).filter((g) => g.children.length));
-  if ([...select.options].some((o) => o.value === previous)) select.value = previous;
-  const card = cards.get(model) || {};
-  const languages = card.languages ? ['auto', ...Object.keys(card.languages)] : LANGUAGES;
-  const language = $('language');
-  const lang = language.value || store.get('language') || 'auto';
-  language.replaceChildren(...languages.map((l) => new Option(l[0].toUpperCase() + l.slice(1).replace('_', ' '), l)));
-  language.value = languages.includes(lang) ? lang : 'auto';
-  updateInstructions(model, type);
+  }).filter((g) => g.children.length);
+  if (!built.length) {
+    const none = new Option('No voices yet: create one under “New voice”', '');
+    none.disabled = true;
+    built.push(none);
+  }
+  select.replaceChildren(...built);
+  const options = [...select.options].filter((o) => !o.disabled);
+  if (options.some((o) => o.value === previous)) select.value = previous;
+  else if (options.length) select.value = options[0].value;
+  voiceChanged(preferred !== null || select.value !== before);
 }
 
-function updateInstructions(model = $('model').value, type = (cards.get(model) || {}).type) {
-  const takes = takesInstructions(model, type);
+/** After the voice or the model changed: the note, the delete button, languages, instructions. */
+function voiceChanged(newVoice = true) {
+  const voice = selectedVoice();
+  if (voice) store.set('voice', voice.id);
+  const card = cards.get(effectiveModel()) || {};
+  const profile = voice && voice.kind === 'profile';
+  $('voice-delete').hidden = !profile;
+  let note = '';
+  if (profile) {
+    note = voice.models.length
+      ? `Cloned voice (${MODES[voice.mode] || voice.mode}${voice.language ? `, ${voice.language}` : ''}) · speaks with ${voice.models[0]}`
+      : `Cloned with a ${voice.model_size} Base model, and none is served: it cannot speak here.`;
+  } else if (voice && card.model_type === 'voice_design') {
+    note = `Stands in when the voice description is empty: “${voice.description || voice.name}”`;
+  } else if (voice) {
+    note = voice.description || '';
+  }
+  $('voice-note').textContent = note;
+  updateLanguages(voice, card, newVoice);
+  updateInstructions(card);
+}
+
+function updateLanguages(voice, card, newVoice) {
+  const profile = voice && voice.kind === 'profile';
+  const options = [];
+  // a profile speaks in the language it was made with unless the request names another
+  if (profile) options.push(['', `As recorded (${voice.language || 'auto'})`]);
+  options.push(['auto', 'Auto']);
+  for (const l of card.languages || LANGUAGES.slice(1)) {
+    options.push([l, l[0].toUpperCase() + l.slice(1).replace(/_/g, ' ')]);
+  }
+  const language = $('language');
+  const stored = store.get('language') || 'auto';
+  const current = language.options.length ? language.value : stored;
+  language.replaceChildren(...options.map(([value, label]) => new Option(label, value)));
+  const values = options.map(([value]) => value);
+  language.value = profile && newVoice ? '' : values.includes(current) ? current
+    : values.includes(stored) ? stored : 'auto';
+}
+
+function updateInstructions(card = cards.get(effectiveModel()) || {}) {
+  const type = card.model_type;
+  const takes = card.instruct_supported !== false; // unknown (no card): leave the field open
   const field = $('instructions');
-  $('voice').disabled = type === 'voice_design';
-  $('instructions-field').hidden = takes === false && type === 'base';
-  field.disabled = takes === false;
+  $('instructions-field').hidden = !takes && type === 'base'; // a cloned voice speaks as recorded
+  field.disabled = !takes;
   $('instructions-label').textContent = type === 'voice_design' ? 'Voice description' : 'Instructions';
   field.placeholder = type === 'voice_design' ? 'e.g. A calm, deep male voice with a slight rasp.'
     : 'e.g. Speak slowly and warmly.';
   $('instructions-note').textContent = type === 'voice_design'
     ? 'VoiceDesign model: the description is the voice (an OpenAI voice name stands in when empty).'
-    : takes === false ? 'This model cannot take instructions.'
-      : takes === null ? 'Instructions are ignored where the model cannot take them.' : '';
+    : takes ? '' : 'This model cannot take instructions.';
 }
 
-$('model').addEventListener('change', () => loadVoices().catch((e) => showError(e, 'Could not load the voices')));
-$('voice').addEventListener('change', () => store.set('voice', $('voice').value));
+$('model').addEventListener('change', () => renderVoices());
+$('voice').addEventListener('change', () => voiceChanged());
 $('language').addEventListener('change', () => store.set('language', $('language').value));
 $('api-key').value = store.get('apiKey') || '';
 $('api-key').addEventListener('change', () => { store.set('apiKey', apiKey()); closeSocket(); loadModels(); });
 
+$('voice-delete').addEventListener('click', async () => {
+  const voice = selectedVoice();
+  if (!voice || voice.kind !== 'profile') return;
+  if (!window.confirm(`Delete the voice “${voice.name}”? Its profile is removed from the server.`)) return;
+  const button = $('voice-delete');
+  button.disabled = true;
+  try {
+    const response = await fetch(`/v1/audio/voices/${encodeURIComponent(voice.id)}`,
+      { method: 'DELETE', headers: authHeaders() });
+    if (!response.ok) throw await apiError(response);
+    await loadVoices().catch((e) => showError(e, 'Could not load the voices'));
+    stats.voices.deleted.push(voice.id); // after the picker shows it (the tests wait for this)
+  } catch (e) {
+    showError(e, 'Could not delete the voice');
+  } finally {
+    button.disabled = false;
+  }
+});
+
 /** The request fields the pickers and sampling controls say (shared by HTTP and WebSocket). */
 function speechFields() {
-  const fields = { model: $('model').value, voice: $('voice').value, language: $('language').value };
+  const fields = { model: effectiveModel(), voice: $('voice').value };
+  if ($('language').value) fields.language = $('language').value;
   const instructions = $('instructions').value.trim();
-  if (instructions && !$('instructions').disabled) fields.instructions = instructions;
+  if (instructions && !$('instructions').disabled && !$('instructions-field').hidden) fields.instructions = instructions;
   const numbers = [['seed', 'seed', parseInt], ['max-frames', 'max_frames', parseInt],
     ['temperature', 'temperature', parseFloat], ['top-k', 'top_k', parseInt], ['top-p', 'top_p', parseFloat],
     ['repetition-penalty', 'repetition_penalty', parseFloat], ['speed', 'speed', parseFloat]];
@@ -209,16 +286,214 @@ function speechFields() {
   return fields;
 }
 
-function noteInstructionsIgnored(model, ignored) {
-  if (!ignored) return;
-  learned.set(model, false);
-  updateInstructions();
+// -- "New voice": record or upload a clip (or describe a voice), POST /v1/audio/voices ------------
+
+const nv = { clip: null, previewUrl: null, busy: false, recorder: null };
+
+function renderNewVoice() {
+  const all = [...cards.values()];
+  const bases = all.filter((c) => c.model_type === 'base');
+  const designer = all.find((c) => c.model_type === 'voice_design');
+  const select = $('nv-model');
+  const previous = select.value;
+  select.replaceChildren(...bases.map((c) => new Option(`${c.id} (${c.model_size})`, c.id)));
+  if (bases.some((c) => c.id === previous)) select.value = previous;
+  $('nv-model-field').hidden = bases.length < 2;
+  $('nv-unavailable').hidden = bases.length > 0;
+  $('nv-unavailable').textContent = bases.length ? ''
+    : 'Cloning needs a Base model, and this server serves none (start it with --model <a Base model folder>).';
+  $('nv-create').disabled = !bases.length || nv.busy;
+  const design = $('nv-source-design');
+  design.disabled = !designer;
+  design.closest('label').title = designer ? `Designed by ${designer.id}, then cloned`
+    : 'Needs a VoiceDesign model on the server';
+  if (!designer && design.checked) $('nv-source-clip').checked = true;
+  renderNewVoiceLanguages();
+  renderNewVoiceSource();
 }
+
+function renderNewVoiceLanguages() {
+  const card = cards.get($('nv-model').value) || {};
+  const language = $('nv-language');
+  const previous = language.value || 'auto';
+  const values = ['auto', ...(card.languages || LANGUAGES.slice(1))];
+  language.replaceChildren(...values.map((l) => new Option(l[0].toUpperCase() + l.slice(1).replace(/_/g, ' '), l)));
+  language.value = values.includes(previous) ? previous : 'auto';
+}
+
+const designing = () => $('nv-source-design').checked;
+
+function renderNewVoiceSource() {
+  const design = designing();
+  $('nv-clip-box').hidden = design;
+  $('nv-instructions-field').hidden = !design;
+  $('nv-text-label').textContent = design ? 'Sample sentence (optional)' : 'Transcript (optional)';
+  $('nv-text').placeholder = design ? 'What the designed voice says for its reference clip'
+    : 'What the clip says, word for word';
+  $('nv-text-note').textContent = design
+    ? 'The designed voice speaks this (or a stock sentence) once; that clip becomes the profile.'
+    : 'With a transcript the clone is closest (in-context); without one only the timbre is kept (x-vector).';
+}
+
+function setClip(clip) {
+  nv.clip = clip;
+  if (nv.previewUrl) URL.revokeObjectURL(nv.previewUrl);
+  nv.previewUrl = clip ? URL.createObjectURL(clip.blob) : null;
+  const preview = $('nv-preview');
+  if (clip) preview.src = nv.previewUrl; else preview.removeAttribute('src');
+  $('nv-clip').hidden = !clip;
+  $('nv-clip-label').textContent = clip ? clipLabel(clip) : '';
+  if (!clip) $('nv-file').value = '';
+}
+
+function clipLabel(clip) {
+  const size = clip.blob.size < 1024 * 1024 ? `${Math.max(1, Math.round(clip.blob.size / 1024))} KB`
+    : `${(clip.blob.size / 1024 / 1024).toFixed(1)} MB`;
+  return [clip.label, clip.seconds != null ? `${clip.seconds.toFixed(1)} s` : null, size].filter(Boolean).join(' · ');
+}
+
+$('nv-preview').addEventListener('loadedmetadata', () => { // a chosen file's length, once the browser knows it
+  const d = $('nv-preview').duration;
+  if (nv.clip && nv.clip.seconds == null && Number.isFinite(d)) {
+    nv.clip.seconds = d;
+    $('nv-clip-label').textContent = clipLabel(nv.clip);
+  }
+});
+
+function nvError(error) {
+  const code = [error.status, error.code, error.param && `param: ${error.param}`].filter(Boolean).join(' · ');
+  $('nv-error-message').textContent = error.message || String(error);
+  $('nv-error-code').textContent = code;
+  $('nv-error').hidden = false;
+  stats.errors.push({ title: 'Could not create the voice', message: error.message || String(error),
+    code: error.code || null, status: error.status || null, where: 'new-voice' });
+}
+
+function nvStatus(text, tone = '') {
+  $('nv-status').textContent = text;
+  $('nv-status').dataset.tone = tone;
+}
+
+async function toggleRecording() {
+  $('nv-error').hidden = true;
+  const button = $('nv-record');
+  if (!nv.recorder) {
+    nv.recorder = new Recorder({
+      onLevel: (peak, seconds) => {
+        $('nv-meter-bar').style.width = `${Math.min(100, Math.round(Math.sqrt(peak) * 100))}%`;
+        $('nv-record-label').textContent = `Stop · ${seconds.toFixed(1)} s`;
+        stats.recording.seconds = seconds;
+      },
+      onLimit: () => { if (nv.recorder.recording) toggleRecording(); },
+    });
+  }
+  const recorder = nv.recorder;
+  if (recorder.recording) {
+    if (recorder.stopping) return;
+    button.disabled = true;
+    try {
+      const take = await recorder.stop();
+      if (!take) return;
+      stats.recording = { state: 'done', seconds: take.seconds, rate: take.rate, peak: take.peak };
+      setClip({ blob: take.blob, name: 'recording.wav', label: 'Recording', seconds: take.seconds });
+      if (take.peak < 0.001) nvStatus('The recording is silent: is the microphone muted?', 'bad');
+      else nvStatus('');
+    } catch (e) {
+      stats.recording = { state: 'error', seconds: 0 };
+      nvError({ message: `The recording failed (${e.message}).` });
+    } finally {
+      button.disabled = false;
+      button.classList.remove('recording');
+      $('nv-record-label').textContent = 'Record';
+      $('nv-meter').hidden = true;
+    }
+    return;
+  }
+  button.disabled = true;
+  try {
+    stats.recording = { state: 'starting', seconds: 0 };
+    await recorder.start();
+    stats.recording.state = 'recording';
+    setClip(null);
+    button.classList.add('recording');
+    $('nv-record-label').textContent = 'Stop · 0.0 s';
+    $('nv-meter').hidden = false;
+    $('nv-meter-bar').style.width = '0%';
+  } catch (e) {
+    stats.recording = { state: 'error', seconds: 0 };
+    nvError({ message: e.message });
+  } finally {
+    button.disabled = false;
+  }
+}
+
+async function createVoice(event) {
+  event.preventDefault();
+  if (nv.busy) return;
+  $('nv-error').hidden = true;
+  const name = $('nv-name').value.trim();
+  const text = $('nv-text').value.trim();
+  const instructions = $('nv-instructions').value.trim();
+  if (!name) { nvError({ message: 'Give the voice a name.', param: 'name' }); $('nv-name').focus(); return; }
+  if (nv.recorder && nv.recorder.recording) await toggleRecording();
+  const form = new FormData();
+  form.append('name', name);
+  if (designing()) {
+    if (!instructions) { nvError({ message: 'Describe the voice to design.', param: 'instructions' }); return; }
+    form.append('instructions', instructions);
+  } else {
+    if (!nv.clip) { nvError({ message: 'Record a clip or choose an audio file first.', param: 'audio_sample' }); return; }
+    form.append('audio_sample', nv.clip.blob, nv.clip.name);
+  }
+  if (text) form.append('text', text);
+  form.append('language', $('nv-language').value);
+  if ($('nv-model').value) form.append('model', $('nv-model').value);
+  if ($('nv-overwrite').checked) form.append('overwrite', 'true');
+  nv.busy = true;
+  $('nv-create').disabled = true;
+  nvStatus(designing() ? 'Designing the voice, then cloning it…' : 'Cloning…', 'busy');
+  try {
+    let response;
+    try {
+      response = await fetch('/v1/audio/voices', { method: 'POST', headers: authHeaders(), body: form });
+    } catch (e) {
+      throw new ApiError(`The server could not be reached (${e.message}).`);
+    }
+    if (!response.ok) throw await apiError(response);
+    const created = await response.json();
+    nvStatus(`Created “${created.id}” (${MODES[created.mode] || created.mode}, ${created.model}).`, 'ok');
+    $('nv-name').value = '';
+    $('nv-text').value = '';
+    $('nv-instructions').value = '';
+    $('nv-overwrite').checked = false;
+    setClip(null);
+    await loadVoices(created.id).catch((e) => showError(e, 'Could not load the voices'));
+    stats.voices.created.push(created); // after the picker shows it (the tests wait for this)
+  } catch (e) {
+    nvStatus('');
+    nvError(e);
+  } finally {
+    nv.busy = false;
+    $('nv-create').disabled = ![...cards.values()].some((c) => c.model_type === 'base');
+  }
+}
+
+$('nv-record').addEventListener('click', toggleRecording);
+$('nv-file').addEventListener('change', () => {
+  const file = $('nv-file').files[0];
+  $('nv-error').hidden = true;
+  if (file) setClip({ blob: file, name: file.name, label: file.name, seconds: null });
+});
+$('nv-clip-clear').addEventListener('click', () => setClip(null));
+$('nv-model').addEventListener('change', renderNewVoiceLanguages);
+for (const radio of document.querySelectorAll('input[name="nv-source"]')) radio.addEventListener('change', renderNewVoiceSource);
+$('nv-form').addEventListener('submit', createVoice);
+$('nv-error-close').addEventListener('click', () => { $('nv-error').hidden = true; });
 
 // -- requests: history and figures ---------------------------------------------------------------
 
 function newRequest(mode, text) {
-  const req = { n: stats.requests.length + 1, mode, model: $('model').value, voice: $('voice').value,
+  const req = { n: stats.requests.length + 1, mode, model: effectiveModel(), voice: $('voice').value,
     text, t0: performance.now(), firstTextAt: null, ttfaMs: null, samples: 0, chunks: 0, rtf: null,
     finish: 'running', usage: null };
   stats.requests.push(req);
@@ -297,7 +572,6 @@ async function speak() {
     finishRequest(req, 'error');
     return;
   }
-  noteInstructionsIgnored(fields.model, response.headers.get('x-qwen3tts-instructions-ignored') === 'true');
   const reader = response.body.getReader();
   let carry = null; // a sample split across two network reads
   try {
@@ -397,7 +671,6 @@ function onSocketMessage(data) {
   stats.events.push(event);
   if (event.type === 'started') {
     setLiveState('speaking');
-    noteInstructionsIgnored(event.model, event.instructions_ignored);
     if (live.pending) sendText(live.pending);
     live.pending = '';
     if (live.stopAfterStart) finishLive();
