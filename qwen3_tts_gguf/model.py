@@ -28,6 +28,7 @@ class EngineSettings:
     budget_frames_per_token: int = 12  #   base + per_token * text tokens frames
     max_pending: int = 64  # requests waiting for a slot before submit refuses
     max_segment_chars: int = 1000  # longer input is split at sentence ends (decoder state carries over)
+    prefix_cache: int = 4  # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic)
 
 
 class LoadedModel:
@@ -49,7 +50,8 @@ class LoadedModel:
             raise ModelFolderError(f"{self.folder}: cannot read the tokenizer or text tables ({e})") from e
         self.prompts = PromptBuilder(self.manifest, self.tokenizer, self.tables)
         self.talker = Talker(self.folder / TALKER_FILE, TalkerSettings(
-            n_ctx=settings.n_ctx, max_streams=settings.max_streams, threads=threads,
+            n_ctx=settings.n_ctx, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
+            threads=threads,
             gpu_layers=settings.gpu_layers, deterministic=settings.deterministic))
         try:
             self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads, device=settings.device)

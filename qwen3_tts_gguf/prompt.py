@@ -54,6 +54,7 @@ class Prompt:
     trailing: np.ndarray  # [M, H] text rows added to decode steps 0..M-1
     pad_row: np.ndarray  # [H] text part of every later decode step
     text_tokens: int  # number of text tokens of the body (usage accounting)
+    prefix_len: int = 0  # leading rows that depend only on the voice (rows[:prefix_len] == prefix_rows)
 
 
 def resolve_language(manifest: Manifest, voice: VoiceSpec) -> int | None:
@@ -163,7 +164,7 @@ class PromptBuilder:
             rows = np.concatenate([prefix, padded + codec_rows])
             trailing = np.zeros((0, hidden), np.float32)
         return Prompt(rows=rows.astype(np.float32), trailing=trailing.astype(np.float32),
-                      pad_row=self.pad_row, text_tokens=len(body))
+                      pad_row=self.pad_row, text_tokens=len(body), prefix_len=len(prefix))
 
     def streaming_start(self, voice: VoiceSpec, first_id: int, prefix: np.ndarray | None = None) -> np.ndarray:
         """Prefill rows of a streaming-text prompt whose first body token is known (the rest trails)."""
@@ -192,4 +193,4 @@ class PromptBuilder:
             rows = np.concatenate([prefix, (body_rows[0] + codec_bos)[None]])
             trailing = np.concatenate([body_rows[1:], self.eos_row[None]])
         return Prompt(rows=rows.astype(np.float32), trailing=trailing.astype(np.float32),
-                      pad_row=self.pad_row, text_tokens=len(body))
+                      pad_row=self.pad_row, text_tokens=len(body), prefix_len=len(prefix))

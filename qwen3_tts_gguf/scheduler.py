@@ -20,7 +20,7 @@ import itertools
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +30,7 @@ from .model import LoadedModel
 from .prompt import Prompt, PromptError
 from .request import AudioChunk, SynthesisRequest, SynthesisResult
 from .sampler import sample_code0
-from .talker import DecodeItem
+from .talker import DecodeItem, Talker
 from .text_feed import TextFeed
 from .text_segments import split_segments
 
@@ -65,6 +65,9 @@ class _FixedText:
 
     def prefill_len(self) -> int:
         return len(self.prompt.rows)
+
+    def prefix_len(self) -> int:
+        return self.prompt.prefix_len
 
     def row(self, step: int) -> np.ndarray | None:
         p = self.prompt
@@ -110,6 +113,9 @@ class _FedText:
 
     def prefill_len(self) -> int:
         return len(self._prefix) + 1
+
+    def prefix_len(self) -> int:
+        return len(self._prefix)
 
     def row(self, step: int) -> np.ndarray | None:
         """Text part of decode step `step`: body token step+1, then EOS, then PAD; None = wait."""
@@ -230,6 +236,7 @@ class _Active:
     chunk_index: int = 0
     decoded_frames: int = 0
     codec_state: CodecState | None = None
+    new_prefix: tuple[str, int] | None = None  # (key, rows) to cache after this stream's prefill
     timings: dict = field(default_factory=lambda: {"talker_s": 0.0, "predictor_s": 0.0, "codec_s": 0.0})
 
     @property
@@ -251,6 +258,11 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0}
         self._primed: dict[str, CodecState] = {}
+        # voice prefixes kept in the KV cache: key -> (sequence, rows), least recently used first
+        self._prefixes: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        first = self.settings.max_streams
+        self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
+        self.stats["prefix_hits"] = 0
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -365,7 +377,36 @@ class Engine:
         return limit, reason
 
     def _reserved_cells(self) -> int:
-        return sum(a.text.prefill_len() + self._frame_limit(a)[0] for a in self._active.values())
+        streams = sum(a.text.prefill_len() + self._frame_limit(a)[0] for a in self._active.values())
+        return streams + sum(rows for _, rows in self._prefixes.values())
+
+    def _prefill_item(self, act: _Active) -> DecodeItem:
+        """The prompt rows to decode for a stream; a cached voice prefix is copied in, not recomputed."""
+        rows, prefix = act.text.prefill_rows(), act.text.prefix_len()
+        if not self._prefix_seqs or not 0 < prefix < len(rows):
+            return DecodeItem(act.seq, 0, rows)
+        key = hashlib.sha1(np.ascontiguousarray(rows[:prefix]).tobytes()).hexdigest()
+        cached = self._prefixes.get(key)
+        if cached is None:
+            act.new_prefix = (key, prefix)
+            return DecodeItem(act.seq, 0, rows)
+        self._prefixes.move_to_end(key)
+        self.model.talker.copy(cached[0], act.seq, prefix)
+        self.stats["prefix_hits"] += 1
+        return DecodeItem(act.seq, prefix, rows[prefix:])
+
+    def _keep_prefix(self, act: _Active) -> None:
+        """After a prefill: keep its voice prefix (shared cells, no copy) for the next stream."""
+        key, rows = act.new_prefix
+        act.new_prefix = None
+        if key in self._prefixes:
+            return
+        if len(self._prefixes) >= len(self._prefix_seqs):
+            _, (seq, _) = self._prefixes.popitem(last=False)
+            self.model.talker.drop(seq)
+        seq = next(s for s in self._prefix_seqs if s not in {v[0] for v in self._prefixes.values()})
+        self.model.talker.copy(act.seq, seq, rows)
+        self._prefixes[key] = (seq, rows)
 
     def _admit(self) -> list[_Active]:
         admitted, skipped = [], deque()
@@ -460,7 +501,7 @@ class Engine:
                 owners.append(act)
         # 4. prompts of admitted streams and new segments join the same decode
         for act in prefill:
-            items.append(DecodeItem(act.seq, 0, act.text.prefill_rows()))
+            items.append(self._prefill_item(act))
             owners.append(act)
         if items:
             t0 = time.perf_counter()
@@ -470,6 +511,8 @@ class Engine:
                 act.logits, act.hidden = logits[k], hidden[k]
                 act.pos = item.pos + len(item.rows)
                 act.timings["talker_s"] += dt
+                if act.new_prefix is not None:
+                    self._keep_prefix(act)
         # 5. audio
         for act in stepping:
             if act.seq not in self._active or act.stream.cancelled:

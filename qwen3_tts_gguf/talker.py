@@ -45,6 +45,7 @@ class TalkerSettings:
 
     n_ctx: int = 8192
     max_streams: int = 8
+    cached_prefixes: int = 0  # extra sequences that hold cached prompt prefixes (shared KV cache only)
     n_batch: int = 512
     threads: int = 0  # 0: all cores
     gpu_layers: int = 0  # >0 offloads layers on a CUDA/Vulkan build of llama-cpp-python
@@ -84,7 +85,7 @@ class Talker:
         cp = L.llama_context_default_params()
         cp.n_ctx = settings.n_ctx
         cp.n_batch = cp.n_ubatch = settings.n_batch
-        cp.n_seq_max = settings.max_streams
+        cp.n_seq_max = settings.max_streams + self.prefix_slots(settings)
         # one pool of cells for all streams (needed for sequence copies), except in the deterministic
         # profile, where each stream gets n_ctx / max_streams cells of its own
         cp.kv_unified = not settings.deterministic
@@ -150,6 +151,12 @@ class Talker:
     def truncate(self, seq: int, pos: int) -> None:
         """Forget positions >= pos of stream `seq`."""
         self._L.llama_memory_seq_rm(self._mem, seq, pos, -1)
+
+    @staticmethod
+    def prefix_slots(settings: TalkerSettings) -> int:
+        """Sequences kept for cached prefixes: only with one shared KV pool, where copying a
+        sequence shares its cells instead of duplicating them."""
+        return 0 if settings.deterministic else settings.cached_prefixes
 
     def copy(self, src: int, dst: int, end: int = -1) -> None:
         """Share positions [0, end) of stream `src` with stream `dst` (a cached prefix)."""

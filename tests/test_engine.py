@@ -252,3 +252,27 @@ def test_voice_clone_codes_and_audio_equal_official(name, mode, converted_factor
     expected = full[len(ref_codes) * 1920:] if reference else full
     assert wav.shape == expected.shape
     assert np.abs(wav - expected).max() < AUDIO_TOL
+
+
+def test_voice_prefix_is_cached_and_reused(converted_factory):
+    """Fast profile (shared KV cache): a voice's prefix is prefilled once and copied into later
+    streams; the result equals a run without the cache (greedy codes)."""
+    folder = converted_factory("tiny_cv", "f32")
+    requests = [greedy_request("Hello world, this is a parity test.", "ryan", "english", frames=12),
+                greedy_request("A different text with the same voice.", "ryan", "english", frames=12),
+                greedy_request("你好，欢迎使用。", "ryan", "english", frames=12, text_mode="streaming")]
+    results = {}
+    for slots in (0, 4):
+        model = LoadedModel(folder, EngineSettings(max_streams=2, prefix_cache=slots))
+        with Engine(model) as engine:
+            results[slots] = [run(engine, r)[0].codes for r in requests]
+            hits = engine.stats["prefix_hits"]
+            live = engine.open_text_stream(greedy_request("", "ryan", "english", frames=12))
+            live.push_text("Hello world, this is a parity test.")
+            live.close_text()
+            list(live)
+            assert engine.stats["prefix_hits"] == hits + (1 if slots else 0)
+        model.close()
+        assert hits == (2 if slots else 0)
+    for a, b in zip(results[0], results[4]):
+        np.testing.assert_array_equal(a, b)
