@@ -88,43 +88,69 @@ class _FixedText:
 
 
 class _FedText:
-    """Text arriving live (streaming text mode): rows are made as tokens are committed."""
+    """Text arriving live (streaming text mode): rows are made as tokens are committed.
+
+    The streaming layout pairs the first Nc text rows with Nc codec rows in the prompt: Nc = 1
+    (codec_bos) for a plain voice; for an in-context clone the text rows start with the reference
+    transcript and the codec rows are codec_bos + one per reference frame, so the stream starts
+    once Nc text rows are known (or at close, padding with <tts_pad> as the official layout does).
+    Text row Nc + k is added to decode step k; after the text (and its EOS) comes <tts_pad>.
+    """
 
     def __init__(self, engine: "Engine", request: SynthesisRequest):
         prompts = engine.model.prompts
         self._prompts = prompts
         self._voice = request.voice
         self._prefix = prompts.prefix_rows(request.voice)  # validates the voice now
+        codec_bos = prompts.tables.codec_rows([prompts.manifest.codec_ids["bos"]])
+        reference = request.voice.reference
+        if reference is None:
+            self._ref_ids: list[int] = []
+            self._codec_rows = codec_bos
+        else:
+            if request.voice.speaker_embedding is None:
+                raise PromptError("an in-context clone needs the reference speaker embedding")
+            self._ref_ids = prompts.ref_text_ids(reference.text)
+            self._codec_rows = np.concatenate([codec_bos, prompts.tables.frame_rows(reference.codes)])
         tokenizer = prompts.tokenizer
         # plain encode of each new run of pieces = the template's body ids (text not starting with a newline)
         self.feed = TextFeed(tokenizer.encode, tokenizer.pieces, on_change=engine._notify)
 
-    def ready(self) -> bool:
+    def _text(self) -> tuple[list[int], bool]:
+        """(reference transcript + committed body ids, closed)."""
         ids, closed = self.feed.snapshot()
-        return bool(ids) or closed
+        return self._ref_ids + ids, closed
+
+    def _text_row(self, index: int, ids: list[int], closed: bool) -> np.ndarray | None:
+        if index < len(ids):
+            return self._prompts.tables.text_rows([ids[index]])[0]
+        if not closed:
+            return None
+        return self._prompts.eos_row if index == len(ids) else self._prompts.pad_row
+
+    def ready(self) -> bool:
+        ids, closed = self._text()
+        return closed or len(ids) >= len(self._codec_rows)
 
     def empty(self) -> bool:
         ids, closed = self.feed.snapshot()
         return closed and not ids
 
     def prefill_rows(self) -> np.ndarray:
-        ids, _ = self.feed.snapshot()
-        return self._prompts.streaming_start(self._voice, ids[0], self._prefix)
+        ids, closed = self._text()
+        text = np.stack([self._text_row(i, ids, closed) for i in range(len(self._codec_rows))])
+        return np.concatenate([self._prefix, text + self._codec_rows]).astype(np.float32)
 
     def prefill_len(self) -> int:
-        return len(self._prefix) + 1
+        return len(self._prefix) + len(self._codec_rows)
 
     def prefix_len(self) -> int:
         return len(self._prefix)
 
     def row(self, step: int) -> np.ndarray | None:
-        """Text part of decode step `step`: body token step+1, then EOS, then PAD; None = wait."""
-        ids, closed = self.feed.snapshot()
-        if step + 1 < len(ids):
-            return self._prompts.tables.text_rows([ids[step + 1]])[0]
-        if not closed:
-            return None
-        return self._prompts.eos_row if step + 1 == len(ids) else self._prompts.pad_row
+        """Text part of decode step `step`; None = that text has not arrived yet."""
+        ids, closed = self._text()
+        return self._text_row(len(self._codec_rows) + step, ids, closed)
 
     def segment_tokens(self) -> int:
         return max(len(self.feed.snapshot()[0]), 1)

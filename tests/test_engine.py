@@ -276,3 +276,30 @@ def test_voice_prefix_is_cached_and_reused(converted_factory):
         assert hits == (2 if slots else 0)
     for a, b in zip(results[0], results[4]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_live_text_with_an_in_context_clone_equals_the_whole_text(converted_factory):
+    """ICL voices in streaming text mode: the stream starts once the reference rows are paired
+    with text (or at close), and deltas give the codes of the whole text at once."""
+    from qwen3_tts_gguf.prompt import ReferencePrompt
+
+    model = LoadedModel(converted_factory("tiny_base", "f32"), EngineSettings(deterministic=True, max_streams=2))
+    rng = np.random.default_rng(5)
+    xvector = rng.standard_normal(model.tables.hidden_size).astype(np.float32)
+    cases = [("Hi.", rng.integers(0, 2048, (12, 16))),  # text shorter than the reference: starts at close
+             ("This text is clearly longer than the short reference clip here, so it starts early.",
+              rng.integers(0, 2048, (3, 16)))]
+    with Engine(model) as engine:
+        for text, ref_codes in cases:
+            voice = VoiceSpec(speaker_embedding=xvector, language="english",
+                              reference=ReferencePrompt("The reference says this.", ref_codes))
+            req = SynthesisRequest(text, voice, text_mode="streaming", talker=TalkerSampling(GREEDY),
+                                   code_predictor=GREEDY, max_frames=14, ignore_eos=True)
+            whole = run(engine, req)[0]
+            live = engine.open_text_stream(req)
+            for i in range(0, len(text), 2):
+                live.push_text(text[i:i + 2])
+            live.close_text()
+            list(live)
+            np.testing.assert_array_equal(live.result.codes, whole.codes)
+    model.close()
