@@ -1,0 +1,380 @@
+"""`python -m bench [--quick]`: build the inputs, run every measurement, write docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .common import CACHE, OUT, ROOT, wait_for_quiet
+
+QUANTS = ("f16", "q8_0", "q5_k_m", "q4_k_m")
+CP_PRECISIONS = ("int8", "fp32", "int4")  # the first is the users' default (the converter's default)
+
+MODES = {
+    # 0.6B only, one quant, fewer frames and repeats; a time budget keeps it under 5 minutes
+    "quick": dict(shapes=["0.6b"], quants=["q8_0"], cp_precisions=["int8", "fp32"], threads=[2], sweep_threads=[],
+                  frames=24, reps=3, warmup=4,
+                  concurrency=[1, 2, 4, 8], concurrency_frames=12, concurrency_quants=["q8_0"],
+                  official_frames=12, official_reps=1, http_reps=2, quiet_s=2.0, limits_quiet_s=8.0,
+                  budget_s=270.0),
+    # every quant, 50 frames (4 s of audio, as reference-harness.md §4), a thread sweep, 1.7B too
+    "full": dict(shapes=["0.6b", "1.7b"], quants=list(QUANTS), cp_precisions=list(CP_PRECISIONS), threads=[2],
+                 sweep_threads=[1], frames=50, reps=5,
+                 warmup=4, concurrency=[1, 2, 4, 8], concurrency_frames=32, concurrency_quants=list(QUANTS),
+                 official_frames=50, official_reps=3, http_reps=5, quiet_s=8.0, limits_quiet_s=60.0,
+                 budget_s=None),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="0.6B, q8_0 only, fewer frames and repeats (< 5 min)")
+    p.add_argument("--shapes", help="comma list of 0.6b,1.7b (default: quick 0.6b; full both)")
+    p.add_argument("--quants", help=f"comma list of talker quants {','.join(QUANTS)}")
+    p.add_argument("--cp", help=f"comma list of code predictor precisions {','.join(CP_PRECISIONS)} "
+                                "(the first one goes with every talker quant, the others with q8_0)")
+    p.add_argument("--threads", type=int, help="threads per runtime for every run (default 2)")
+    p.add_argument("--sweep-threads", help="extra thread counts for a q8_0 single-stream run (full: 1)")
+    p.add_argument("--frames", type=int, help="frames per utterance (12.5 per second of audio)")
+    p.add_argument("--reps", type=int, help="measured repeats per configuration (medians are reported)")
+    p.add_argument("--official-reps", type=int, help="measured repeats of the official pipeline")
+    p.add_argument("--quiet-wait", type=float, help="seconds to wait for other jobs to calm down before each run")
+    p.add_argument("--budget", type=float, help="seconds; optional runs are skipped past it (quick: 270)")
+    p.add_argument("--no-official", action="store_true", help="skip the official PyTorch pipeline")
+    p.add_argument("--no-http", action="store_true", help="skip time to first audio through the HTTP server")
+    p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md", help="report to write")
+    p.add_argument("--no-doc", action="store_true", help="only save the JSON results under bench/out/")
+    p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
+    return p
+
+
+def _plan(args) -> dict:
+    mode = "quick" if args.quick else "full"
+    plan = dict(MODES[mode], mode=mode)
+    if args.shapes:
+        plan["shapes"] = args.shapes.split(",")
+    if args.quants:
+        plan["quants"] = args.quants.split(",")
+        plan["concurrency_quants"] = [q for q in plan["concurrency_quants"] if q in plan["quants"]]
+    if args.cp:
+        plan["cp_precisions"] = args.cp.split(",")
+    if args.threads:
+        plan["threads"] = [args.threads]
+    if args.sweep_threads is not None:
+        plan["sweep_threads"] = [int(t) for t in args.sweep_threads.split(",") if t]
+    if args.frames:
+        plan["frames"] = plan["official_frames"] = args.frames
+    if args.reps:
+        plan["reps"] = args.reps
+    if args.official_reps:
+        plan["official_reps"] = args.official_reps
+    if args.quiet_wait is not None:
+        plan["quiet_s"] = args.quiet_wait
+    if args.budget is not None:
+        plan["budget_s"] = args.budget
+    bad = [q for q in plan["quants"] if q not in QUANTS] + [c for c in plan["cp_precisions"] if c not in CP_PRECISIONS]
+    if bad:
+        raise SystemExit(f"unknown quant/precision {bad}; choose talker quants from {QUANTS}, "
+                         f"code predictor precisions from {CP_PRECISIONS}")
+    return plan
+
+
+class Progress:
+    """One tqdm bar for the whole run; workers' `@progress` lines become its postfix."""
+
+    def __init__(self, bar):
+        self.bar = bar
+
+    def pump(self, stream, tail: list) -> None:
+        for line in stream:
+            if line.startswith("@progress "):
+                self.bar.set_postfix_str(line[10:].strip()[:60])
+            else:
+                tail.append(line.rstrip())
+                del tail[:-40]
+
+
+class Session:
+    """A `bench.worker session` process: one loaded model, operations on request."""
+
+    def __init__(self, progress: Progress, label: str, kind: str, params: dict, timeout: float = 1800,
+                 env: dict | None = None):
+        import os
+
+        self.label, self.timeout, self.progress = label, timeout, progress
+        self.tail: list[str] = []
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker", "session", kind, json.dumps(params)],
+                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, bufsize=1, env={**os.environ, **(env or {})})
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=progress.pump, args=(self.proc.stderr, self.tail), daemon=True).start()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.ready = self._next()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _next(self) -> dict:
+        try:
+            line = self.lines.get(timeout=self.timeout)
+        except queue.Empty:
+            self.proc.kill()
+            return {"error": f"no answer within {self.timeout:.0f} s"}
+        if line is None:
+            self.proc.wait(timeout=30)
+            return {"error": f"worker exited with {self.proc.returncode}: " + " | ".join(self.tail[-5:])}
+        result = json.loads(line)
+        if "error" in result:
+            self.progress.bar.write(f"[{self.label}] {result['error']}\n" + "\n".join(self.tail[-12:]))
+        return result
+
+    @property
+    def ok(self) -> bool:
+        return "error" not in self.ready
+
+    def call(self, **op) -> dict:
+        if not self.ok or self.proc.poll() is not None:
+            return {"error": self.ready.get("error", "the worker is gone")}
+        self.proc.stdin.write(json.dumps(op) + "\n")
+        self.proc.stdin.flush()
+        return self._next()
+
+    def close(self) -> dict:
+        summary = self.call(op="summary") if self.ok else dict(self.ready)
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except Exception:
+            self.proc.kill()
+        return summary
+
+
+def one_shot(progress: Progress, task: str, params: dict, timeout: float = 1800) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        proc = subprocess.Popen([sys.executable, "-m", "bench.worker", task, json.dumps(params), str(out)],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        tail: list[str] = []
+        pump = threading.Thread(target=progress.pump, args=(proc.stderr, tail), daemon=True)
+        pump.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        pump.join(timeout=5)
+        result = json.loads(out.read_text()) if out.exists() else {"error": f"worker exited with {proc.returncode}"}
+        if "error" in result:
+            progress.bar.write(f"[{task}] failed: {result['error']}\n" + "\n".join(tail[-12:]))
+        return result
+
+
+class Budget:
+    """Optional runs are skipped when they would end past the budget (quick mode)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.start, self.skipped = seconds, time.perf_counter(), []
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def allows(self, what: str, estimate_s: float) -> bool:
+        if self.seconds is None or self.elapsed() + estimate_s <= self.seconds:
+            return True
+        self.skipped.append(what)
+        return False
+
+
+def run(args) -> dict:
+    from tqdm import tqdm
+
+    from . import machine, prepare
+    from .physics import predictor_cost, talker_cost
+
+    plan = _plan(args)
+    info = machine.describe()
+    http_ok = importlib.util.find_spec("api") is not None and importlib.util.find_spec("api.server") is not None
+    do_http = not args.no_http and http_ok
+    results = {"plan": plan, "machine": info, "shapes": {}, "started": time.time(),
+               "http_status": ("measured" if do_http else
+                               "skipped (--no-http)" if args.no_http else "skipped: `api.server` is not importable")}
+    budget = Budget(plan["budget_s"])
+    OUT.mkdir(parents=True, exist_ok=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    threads = plan["threads"][0]
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0))
+    with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
+        log, progress = bar.write, Progress(bar)
+
+        def gate() -> None:
+            if plan["quiet_s"]:
+                wait_for_quiet(plan["quiet_s"])
+
+        def step(label: str) -> None:
+            bar.set_description(label)
+            bar.set_postfix_str("")
+
+        step("machine limits")
+        limits = [one_shot(progress, "machine", {"threads": threads, "quiet_s": plan["limits_quiet_s"]}, 900)]
+        bar.update()
+        for shape in plan["shapes"]:
+            # configurations: the users' default (first CP precision) with every talker quant, the other
+            # CP precisions with q8_0, and the thread sweep on the headline configuration
+            head_quant = "q8_0" if "q8_0" in plan["quants"] else plan["quants"][0]
+            cp0 = plan["cp_precisions"][0]
+            configs = [(head_quant, cp0, threads)] + [(q, cp0, threads) for q in plan["quants"] if q != head_quant]
+            configs += [(head_quant, cp, threads) for cp in plan["cp_precisions"][1:]]
+            configs += [(head_quant, cp0, t) for t in plan["sweep_threads"] if t != threads]
+            bar.total += len(configs)
+            step(f"{shape}: checkpoint + conversions")
+            ckpt, vocab = prepare.ensure_checkpoint(shape, log)
+            folders = {(head_quant, cp0): prepare.ensure_converted(ckpt, shape, head_quant, cp0, threads, log)}
+            for quant, cp, _ in configs[1:]:  # the rest now if cached, else just before their runs
+                if (prepare.converted_path(ckpt, shape, quant, cp) / "manifest.json").exists():
+                    folders[(quant, cp)] = prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
+            entry = results["shapes"][shape] = {"checkpoint": str(ckpt.relative_to(ROOT)), "vocab": vocab, "ours": {}}
+            bar.update()
+            step(f"{shape}: stage costs")
+            head_dir = folders[(head_quant, cp0)]
+            cached = CACHE / "costs" / f"{head_dir.name}+{'+'.join(sorted(cp for q, cp in folders if q == head_quant))}.json"
+            if plan["mode"] == "quick" and cached.exists():  # static bytes/FLOPs; the ORT profile is from that run
+                costs = json.loads(cached.read_text())
+            else:
+                costs = one_shot(progress, "costs", {
+                    "model_dir": str(head_dir), "threads": threads, "quiet_s": plan["limits_quiet_s"],
+                    "predictor_dirs": {cp: str(f) for (q, cp), f in folders.items() if q == head_quant}}, 900)
+                if "error" not in costs:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    costs["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
+                    cached.write_text(json.dumps(costs))
+            costs["talker_by_quant"] = {q: talker_cost(f / "talker.gguf") for (q, cp), f in folders.items() if cp == cp0}
+            entry["costs"] = costs
+            entry["headline"] = f"{head_quant}+{cp0}/t{threads}"
+            bar.update()
+
+            for i, (quant, cp, t) in enumerate(configs):
+                key = f"{quant}+{cp}/t{t}"
+                paired = i == 0 and not args.no_official
+                if i and not budget.allows(f"{shape} {key}", 30 if (quant, cp) in folders else 60):
+                    bar.update()
+                    continue
+                if (quant, cp) not in folders:
+                    step(f"{shape}: convert {quant}/{cp}")
+                    folders[(quant, cp)] = prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
+                    if cp == cp0:
+                        costs["talker_by_quant"][quant] = talker_cost(folders[(quant, cp)] / "talker.gguf")
+                    if quant == head_quant and cp not in costs.setdefault("predictors", {}):
+                        costs["predictors"][cp] = predictor_cost(folders[(quant, cp)] / "code_predictor.onnx")
+                step(f"{shape}: ours {key}" + (" + official" if paired else ""))
+                ours = Session(progress, key, "ours", dict(
+                    model_dir=str(folders[(quant, cp)]), threads=t, frames=plan["frames"], warmup_frames=plan["warmup"],
+                    concurrency_frames=plan["concurrency_frames"], max_streams=max(8, *plan["concurrency"])))
+                off = Session(progress, "official", "official", dict(
+                    checkpoint=str(ckpt), threads=threads, frames=plan["official_frames"], warmup_frames=3)) \
+                    if paired else None
+                singles, off_runs, conc = [], [], []
+                walls = {"ours": None, "official": None}
+
+                def single(session, runs, who, rep):
+                    label = f"{shape} {key if who == 'ours' else 'official'} run {rep + 1}"
+                    if rep == 0 or budget.allows(label, walls[who] or 0):
+                        gate()
+                        runs.append(session.call(op="single", rep=rep))
+                        walls[who] = runs[-1].get("wall_s", walls[who])
+
+                def pair(rep):
+                    # our runs and the official runs alternate, so both see the same load on a shared machine
+                    if rep < plan["reps"]:
+                        single(ours, singles, "ours", rep)
+                    if off and rep < plan["official_reps"]:
+                        single(off, off_runs, "official", rep)
+
+                pair(0)
+                if i == 0:
+                    gate()
+                isolated = ours.call(op="isolated") if i == 0 else None
+                # priorities under a time budget: one run of each, then concurrency, then the other repeats
+                if i == 0 or (quant in plan["concurrency_quants"] and cp == cp0 and t == threads):
+                    for n in plan["concurrency"]:
+                        est = (walls["ours"] or 0) * plan["concurrency_frames"] / plan["frames"] * max(1.0, 0.5 * n)
+                        if budget.allows(f"{shape} {key} {n} streams", est + 5):
+                            gate()
+                            conc.append(ours.call(op="concurrency", n=n))
+                for r in range(1, max(plan["reps"], plan["official_reps"] if off else 0)):
+                    pair(r)
+                if off:
+                    entry["official"] = {**off.close(), "runs": [x for x in off_runs if "error" not in x],
+                                         "errors": [x["error"] for x in off_runs if "error" in x]}
+                summary = ours.close()
+                entry["ours"][key] = {**summary, "isolated": isolated, "single": [x for x in singles if "error" not in x],
+                                      "concurrency": [x for x in conc if "error" not in x],
+                                      "errors": [x["error"] for x in singles + conc if "error" in x]}
+                if "error" in summary and not entry["ours"][key]["single"]:
+                    entry["ours"][key]["error"] = summary["error"]
+                bar.update()
+            entry["models"] = {f"{q}/{cp}": str(f.relative_to(ROOT)) for (q, cp), f in folders.items()}
+            if do_http:
+                step(f"{shape}: HTTP server")
+                est = 15 + (plan["http_reps"] + 1) * (entry["ours"].get(entry["headline"], {})
+                                                       .get("single", [{}])[0].get("wall_s", 10))
+                if not budget.allows(f"{shape} HTTP", est):
+                    entry["http_status"] = "skipped to stay within the time budget"
+                else:
+                    entry["http"] = one_shot(progress, "http", dict(
+                        model_dir=str(head_dir), threads=threads, frames=plan["frames"],
+                        reps=plan["http_reps"], quiet_s=plan["quiet_s"]), 1200)
+                bar.update()
+        # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
+        step("machine limits (again)")
+        if budget.allows("machine limits, second measurement", 20):
+            limits.append(one_shot(progress, "machine", {"threads": threads, "quiet_s": min(plan["limits_quiet_s"], 5)}, 900))
+        bar.update()
+    results["machine_limits_runs"] = limits
+    results["machine_limits"] = _best_limits(limits)
+    results["skipped"] = budget.skipped
+    results["finished"] = time.time()
+    results["loadavg_end"] = machine.loadavg()
+    return results
+
+
+def _best_limits(runs: list[dict]) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0] if runs else {}
+    best = dict(ok[0])
+    for r in ok[1:]:
+        for k, v in r.items():
+            if isinstance(v, (int, float)) and not k.startswith(("threads", "buffer", "waited", "background")):
+                best[k] = max(best.get(k, v), v)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .report import render
+
+    if args.render:
+        results = json.loads(args.render.read_text())
+    else:
+        results = run(args)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        saved = OUT / f"results-{results['plan']['mode']}-{stamp}.json"
+        saved.write_text(json.dumps(results, indent=1))
+        print(f"results: {saved.relative_to(ROOT)} ({(results['finished'] - results['started']) / 60:.1f} min)")
+    text = render(results)
+    if args.no_doc:
+        print(text)
+    else:
+        args.doc.parent.mkdir(parents=True, exist_ok=True)
+        args.doc.write_text(text)
+        print(f"wrote {args.doc}")
+    return 0

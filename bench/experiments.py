@@ -1,0 +1,195 @@
+"""Prototypes of engine changes, measured on the benchmark models (not part of `python -m bench`).
+
+    python -m bench.experiments engine-knobs [--rounds 6]   # ORT spinning, llama.cpp repack, OMP wait, threads
+    python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
+    python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
+
+Nothing here changes the engine: variants patch a worker process (`ours._without_ort_spinning`,
+`ours._with_llama_repack`) or set environment variables. Variants alternate round by round so they share the background load of
+this machine; medians and best runs are printed as markdown and saved under bench/out/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import CACHE, OUT, Meter, median, wait_for_quiet
+
+
+def _model_dir(shape: str, quant: str, cp: str = "int8") -> Path:
+    from . import prepare
+
+    ckpt, _ = prepare.ensure_checkpoint(shape)
+    return prepare.ensure_converted(ckpt, shape, quant, cp, 2)
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def engine_knobs(args) -> dict:
+    from tqdm import tqdm
+
+    from .cli import Progress, Session
+
+    model = _model_dir(args.shape, "q8_0")
+    base = dict(model_dir=str(model), frames=args.frames, warmup_frames=4, concurrency_frames=args.frames)
+    variants = {
+        "default, 2 threads": (dict(base, threads=2), {}),
+        "ORT spinning off, 2 threads": (dict(base, threads=2, ort_spinning=False), {}),
+        "ORT spinning off + llama.cpp repack, 2 threads": (dict(base, threads=2, ort_spinning=False,
+                                                                llama_repack=True), {}),
+        "ORT spinning off + OMP_WAIT_POLICY=PASSIVE, 2 threads": (dict(base, threads=2, ort_spinning=False),
+                                                                  {"OMP_WAIT_POLICY": "PASSIVE"}),
+        "default, 1 thread": (dict(base, threads=1), {}),
+    }
+    runs: dict[str, list] = {k: [] for k in variants}
+    conc: dict[str, dict] = {}
+    with tqdm(total=len(variants) * (args.rounds + 2), unit="run") as bar:
+        progress = Progress(bar)
+        sessions = {}
+        for name, (params, env) in variants.items():
+            bar.set_description(f"load: {name[:40]}")
+            sessions[name] = Session(progress, name, "ours", params, env=env)
+            bar.update()
+        for r in range(args.rounds):
+            for name, s in sessions.items():
+                bar.set_description(f"round {r + 1}: {name[:40]}")
+                wait_for_quiet(args.quiet_wait)
+                res = s.call(op="single", rep=r)
+                if "error" not in res:
+                    runs[name].append(res)
+                bar.update()
+        for name, s in sessions.items():
+            bar.set_description(f"8 streams: {name[:40]}")
+            wait_for_quiet(args.quiet_wait)
+            conc[name] = s.call(op="concurrency", n=8)
+            bar.update()
+        for s in sessions.values():
+            s.close()
+    rows = []
+    for name, rs in runs.items():
+        def f(key, scale=1.0, d=0):
+            v = [x[key] * scale for x in rs]
+            return f"{median(v):.{d}f} ({min(v):.{d}f})" if v else "–"
+        c = conc.get(name, {})
+        rows.append([name, f("talker_step_ms"), f("predictor_ms"), f("codec_ms_per_frame"), f("prefill_s", 1e3),
+                     f("first_audio_s", 1, 2), f("rtf", 1, 2),
+                     f"{c['aggregate_rtf']:.2f} ({c['talker_call_ms']:.0f} / {c['predictor_call_ms']:.0f})"
+                     if "aggregate_rtf" in c else "–",
+                     f"{100 * median([x['background'] for x in rs]):.0f} %" if rs else "–"])
+    table = _table(rows, ["variant (0.6B, talker q8_0, CP as converted)", "talker step ms", "code predictor ms/frame",
+                          "codec ms/frame", "prefill ms", "first audio s", "RTF",
+                          "8 streams: aggregate RTF (talker / CP ms per iteration)", "bg"])
+    return {"runs": runs, "concurrency": conc, "markdown": table}
+
+
+def cp_quant(args) -> dict:
+    from qwen3_tts_gguf.predictor import CodePredictor
+    from qwen3_tts_gguf.sampler import SamplingParams, pack
+
+    paths = {cp: _model_dir(args.shape, "q8_0", cp) / "code_predictor.onnx" for cp in ("fp32", "int8", "int4")}
+    preds = {k: CodePredictor(p, threads=args.threads) for k, p in paths.items()}
+    rng = np.random.default_rng(0)
+    H = preds["fp32"].hidden_size
+    n = 64
+    hidden = rng.standard_normal((n, H)).astype(np.float32)
+    code0 = rng.integers(0, 2048, n)
+    feeds = {"hidden": hidden, "code0": code0, "rand": np.zeros((n, 15), np.float32),
+             **pack(SamplingParams(greedy=True), n)}
+    ref_codes, ref_logits = preds["fp32"].session.run(["codes", "logits"], feeds)
+    accuracy = {}
+    for k, p in preds.items():
+        codes, logits = p.session.run(["codes", "logits"], feeds)
+        accuracy[k] = {"step1_agree": float((codes[:, 0] == ref_codes[:, 0]).mean()),
+                       "all_agree": float((codes == ref_codes).mean()),
+                       "step1_rel_err": float(np.abs(logits[:, 0] - ref_logits[:, 0]).max() / np.abs(ref_logits[:, 0]).max())}
+    times = {(k, b): [] for k in preds for b in (1, 8)}
+    bgs = []
+    for _ in range(args.rounds):
+        for b in (1, 8):
+            for k, p in preds.items():
+                h = rng.standard_normal((b, H)).astype(np.float32)
+                with Meter() as m:
+                    p.predict(h, rng.integers(0, 2048, b), SamplingParams(), rngs=[np.random.default_rng(i) for i in range(b)])
+                times[(k, b)].append(m.wall)
+                bgs.append(m.background)
+    rows = []
+    for k, p in paths.items():
+        t1, t8 = times[(k, 1)], times[(k, 8)]
+        a = accuracy[k]
+        rows.append([k, f"{p.stat().st_size / 1e6:.0f} MB", f"{1e3 * median(t1):.0f} ({1e3 * min(t1):.0f})",
+                     f"{1e3 * median(t8) / 8:.0f} ({1e3 * min(t8) / 8:.0f})", f"{100 * a['step1_agree']:.1f} %",
+                     f"{100 * a['all_agree']:.1f} %", f"{100 * a['step1_rel_err']:.2f} %"])
+    table = _table(rows, ["code predictor", "file", "ms per frame, batch 1", "ms per frame, batch 8",
+                          "greedy code 1 = fp32", "all 15 codes = fp32", "step-1 logits max error (rel.)"])
+    table += f"\n\nbackground load median {100 * median(bgs):.0f} %; {args.threads} threads; " \
+             f"agreement over {n} random hidden states (random weights: small logit margins, a pessimistic case)"
+    return {"times": {f"{k}/b{b}": v for (k, b), v in times.items()}, "accuracy": accuracy, "markdown": table}
+
+
+def codec_batch(args) -> dict:
+    from qwen3_tts_gguf.codec import CodecDecoder, stack_states
+
+    model = _model_dir(args.shape, "q8_0")
+    dec = CodecDecoder(model / "codec_decoder.onnx", threads=args.threads)
+    rng = np.random.default_rng(0)
+    S = 8
+    states = []
+    for _ in range(S):
+        _, st = dec.decode(rng.integers(0, 2048, (1, 4, 16)))
+        states.append(st)
+    res: dict = {}
+    bgs = []
+    for _ in range(args.rounds):
+        for k in (1, 2, 4, 8):
+            codes = rng.integers(0, 2048, (S, k, 16))
+            with Meter() as m:
+                for i in range(S):
+                    dec.decode(codes[i:i + 1], states[i])
+            res.setdefault((k, "separate"), []).append(m.wall / (S * k))
+            stacked = stack_states(states)
+            with Meter() as m2:
+                dec.decode(codes, stacked)
+            res.setdefault((k, "stacked"), []).append(m2.wall / (S * k))
+            bgs += [m.background, m2.background]
+    rows = [[k, f"{1e3 * median(res[(k, 'separate')]):.0f} ({1e3 * min(res[(k, 'separate')]):.0f})",
+             f"{1e3 * median(res[(k, 'stacked')]):.0f} ({1e3 * min(res[(k, 'stacked')]):.0f})"] for k in (1, 2, 4, 8)]
+    table = _table(rows, [f"frames per stream per call ({S} streams)", "one call per stream, ms/frame",
+                          "all streams in one call, ms/frame"])
+    table += f"\n\nbackground load median {100 * median(bgs):.0f} %; {args.threads} threads"
+    return {"markdown": table}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", choices=("engine-knobs", "cp-quant", "codec-batch"))
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--frames", type=int, default=24)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shape", default="0.6b")
+    p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")
+    args = p.parse_args(argv)
+    fn = {"engine-knobs": engine_knobs, "cp-quant": cp_quant, "codec-batch": codec_batch}[args.experiment]
+    started = time.time()
+    result = fn(args)
+    result.update(experiment=args.experiment, args=vars(args), started=started, finished=time.time())
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"experiment-{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(result["markdown"])
+    print(f"\nsaved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Our engine on a converted model folder: one stream at a time, then N concurrent streams.
+
+Runs in its own process (a `bench.worker` session). The request goes through the public API
+(`Engine.submit`, iterate the stream) exactly as an application uses it; time to first audio is
+measured on the consumer side (submit -> first AudioChunk in hand). Per-stage totals are the
+engine's own `SynthesisResult.timings`; to split the talker's prefill from its per-frame steps
+and to see batch sizes, the three stage objects' entry points are wrapped with a timer (the math
+is untouched).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+
+from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE, Meter, median, peak_rss_mb, rss_mb
+
+
+class _CallLog:
+    """(stage, duration, rows, streams) of every talker/predictor/codec call, thread-safe."""
+
+    def __init__(self):
+        self.events: list[tuple[str, float, int, int]] = []
+        self._lock = threading.Lock()
+
+    def wrap(self, obj, method: str, stage: str, sizes):
+        fn = getattr(obj, method)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t0
+                rows, streams = sizes(*args, **kwargs)
+                with self._lock:
+                    self.events.append((stage, dt, rows, streams))
+
+        setattr(obj, method, wrapper)
+
+    def take(self) -> list:
+        with self._lock:
+            out, self.events = self.events, []
+        return out
+
+
+def _talker_sizes(items, *a, **k):
+    return sum(len(i.rows) for i in items), len(items)
+
+
+def _predictor_sizes(hidden, *a, **k):
+    return len(hidden), len(hidden)
+
+
+def _codec_sizes(codes, *a, **k):
+    return (codes.shape[-2], 1 if codes.ndim == 2 else codes.shape[0])
+
+
+def _without_ort_spinning() -> None:
+    """Prototype of an engine change (bench.experiments only): ONNX Runtime sessions whose idle
+    worker threads sleep instead of spinning, so they stop competing with llama.cpp's threads."""
+    import onnxruntime as ort
+
+    import qwen3_tts_gguf.codec as codec
+    import qwen3_tts_gguf.predictor as predictor
+    from qwen3_tts_gguf.onnx_session import resolve_providers
+
+    def make_session(path, *, threads=None, device="cpu"):
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_providers(device))
+
+    predictor.make_session = codec.make_session = make_session
+
+
+def _with_llama_repack() -> None:
+    """Prototype (bench.experiments only): load the talker with llama.cpp's extra buffer types
+    (CPU_REPACK: weights repacked for the AVX-512/AVX2 GEMM kernels). The engine turns them off
+    because of an AMX + q8_0 crash on Sapphire Rapids; a CPU without AMX never uses the AMX type."""
+    import llama_cpp
+
+    original = llama_cpp.llama_model_load_from_file
+
+    def load(path, params):
+        params.use_extra_bufts = True
+        return original(path, params)
+
+    llama_cpp.llama_model_load_from_file = load
+
+
+class OursSession:
+    def __init__(self, model_dir: str, threads: int, frames: int, warmup_frames: int,
+                 concurrency_frames: int, max_streams: int = 8, ort_spinning: bool = True,
+                 predictor_file: str | None = None, llama_repack: bool = False, progress=None):
+        from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+        from qwen3_tts_gguf.prompt import VoiceSpec
+        from qwen3_tts_gguf.scheduler import Engine
+
+        if not ort_spinning:
+            _without_ort_spinning()
+        if llama_repack:
+            _with_llama_repack()
+
+        self.frames, self.concurrency_frames, self.threads = frames, concurrency_frames, threads
+        self.progress = progress or (lambda m: None)
+        t0 = time.perf_counter()
+        self.model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=max_streams))
+        self.load_s = time.perf_counter() - t0
+        if predictor_file:  # prototype: another code-predictor graph (e.g. MatMulNBits int8), same I/O
+            from qwen3_tts_gguf.predictor import CodePredictor
+
+            self.model.predictor = CodePredictor(predictor_file, threads=threads)
+        self.rss_loaded = rss_mb()
+        self.log = _CallLog()
+        self.log.wrap(self.model.talker, "decode", "talker", _talker_sizes)
+        self.log.wrap(self.model.predictor, "predict", "predictor", _predictor_sizes)
+        self.log.wrap(self.model.codec, "decode", "codec", _codec_sizes)
+        self.sr = self.model.sample_rate
+        self.voice = VoiceSpec(speaker=SPEAKER, language=LANGUAGE)
+        self.prompt_rows = len(self.model.prompts.build(TEXT, self.voice, TEXT_MODE).rows)
+        self.engine = Engine(self.model).start()
+        self.progress("ours: warm-up")
+        warm = {}
+        self._consume(self.engine.submit(self._request(warmup_frames, 0)), time.perf_counter(), warm)
+        self.warmup_first_audio_s = warm.get("first_audio_s")
+        self.log.take()
+        self.peak_single = None
+
+    def _request(self, n_frames: int, seed: int):
+        from qwen3_tts_gguf.request import SynthesisRequest
+
+        return SynthesisRequest(TEXT, self.voice, text_mode=TEXT_MODE, seed=seed, max_frames=n_frames, ignore_eos=True)
+
+    @staticmethod
+    def _consume(stream, start: float, out: dict) -> None:
+        first, samples = None, 0
+        for chunk in stream:
+            if first is None:
+                first = time.perf_counter() - start
+            samples += len(chunk.samples)
+        out.update(first_audio_s=first, samples=samples, done_s=time.perf_counter() - start, result=stream.result)
+
+    def single(self, rep: int) -> dict:
+        self.progress(f"ours: run {rep + 1}")
+        out = {}
+        with Meter() as m:
+            start = time.perf_counter()
+            self._consume(self.engine.submit(self._request(self.frames, rep + 1)), start, out)
+        calls = self.log.take()
+        res, sr = out["result"], self.sr
+        got, t = res.frames, res.timings
+        talker_calls = [(d, rows) for s, d, rows, _ in calls if s == "talker"]
+        audio_s = out["samples"] / sr
+        self.peak_single = peak_rss_mb()
+        return {
+            "frames": got, "finish_reason": res.finish_reason, "audio_s": audio_s, **m.as_dict(),
+            "first_audio_s": out["first_audio_s"], "engine_first_audio_s": t.get("first_audio_s"),
+            "total_s": t.get("total_s"),
+            "talker_s": t["talker_s"], "predictor_s": t["predictor_s"], "codec_s": t["codec_s"],
+            "prefill_s": sum(d for d, rows in talker_calls if rows > 1), "prompt_rows": self.prompt_rows,
+            "talker_step_ms": 1e3 * median([d for d, rows in talker_calls if rows == 1]),
+            "predictor_ms": 1e3 * median([d for s, d, *_ in calls if s == "predictor"]),
+            "talker_ms_per_frame": 1e3 * t["talker_s"] / got,
+            "predictor_ms_per_frame": 1e3 * t["predictor_s"] / got,
+            "codec_ms_per_frame": 1e3 * t["codec_s"] / got,
+            "codec_chunks": [rows for s, _, rows, _ in calls if s == "codec"],
+            "other_s": m.wall - t["talker_s"] - t["predictor_s"] - t["codec_s"],
+            "rtf": m.wall / audio_s,
+        }
+
+    def isolated(self, steps: int = 16) -> dict:
+        """Each stage alone, outside the engine loop (the engine thread is idle): the same objects and
+        threads, but nothing else runs between calls. Compared with the in-engine figures this shows
+        how much the stages slow each other down (thread pools spinning, caches evicted)."""
+        import numpy as np
+
+        from qwen3_tts_gguf.sampler import SamplingParams
+        from qwen3_tts_gguf.talker import DecodeItem
+
+        self.progress("ours: stages in isolation")
+        rng = np.random.default_rng(0)
+        talker, predictor, codec = self.model.talker, self.model.predictor, self.model.codec
+        seq = self.model.settings.max_streams - 1  # a slot no request uses right now
+        H = talker.hidden_size
+        prompt = self.model.prompts.build(TEXT, self.voice, TEXT_MODE).rows
+        with Meter() as m:
+            t0 = time.perf_counter()
+            _, hidden = talker.decode([DecodeItem(seq, 0, prompt)])
+            prefill = time.perf_counter() - t0
+            step_t, pred_t, codec_t = [], [], []
+            for i in range(steps):
+                t0 = time.perf_counter()
+                _, hidden = talker.decode([DecodeItem(seq, len(prompt) + i, rng.standard_normal((1, H)).astype(np.float32))])
+                step_t.append(time.perf_counter() - t0)
+            talker.drop(seq)
+            for i in range(max(steps // 2, 4)):
+                t0 = time.perf_counter()
+                predictor.predict(hidden, np.array([7]), SamplingParams(), rngs=[rng])
+                pred_t.append(time.perf_counter() - t0)
+            state = None
+            for i in range(max(steps // 2, 4)):
+                t0 = time.perf_counter()
+                _, state = codec.decode(rng.integers(0, codec.codebook_size, (4, codec.num_quantizers)), state)
+                codec_t.append((time.perf_counter() - t0) / 4)
+        self.log.take()
+        return {"prefill_s": prefill, "talker_step_ms": 1e3 * median(step_t), "predictor_ms": 1e3 * median(pred_t),
+                "codec_ms_per_frame": 1e3 * median(codec_t), "codec_chunk": 4, **m.as_dict()}
+
+    def concurrency(self, n: int) -> dict:
+        self.progress(f"ours: {n} concurrent streams")
+        outs = [{} for _ in range(n)]
+        with Meter() as m:
+            start = time.perf_counter()
+            streams = [self.engine.submit(self._request(self.concurrency_frames, 100 + i)) for i in range(n)]
+            readers = [threading.Thread(target=self._consume, args=(s, start, o)) for s, o in zip(streams, outs)]
+            for th in readers:
+                th.start()
+            for th in readers:
+                th.join()
+        calls = self.log.take()
+        audio = [o["samples"] / self.sr for o in outs]
+        return {
+            "streams": n, **m.as_dict(), "audio_s_total": sum(audio),
+            "aggregate_rtf": m.wall / sum(audio),
+            "per_stream_rtf": median([o["done_s"] / a for o, a in zip(outs, audio)]),
+            "first_audio_s_median": median([o["first_audio_s"] for o in outs]),
+            "first_audio_s_max": max(o["first_audio_s"] for o in outs),
+            "talker_call_ms": 1e3 * median([d for s, d, rows, k in calls if s == "talker" and rows == k]),
+            "predictor_call_ms": 1e3 * median([d for s, d, *_ in calls if s == "predictor"]),
+            "predictor_batch": median([b for s, _, b, _ in calls if s == "predictor"]),
+            "codec_s": sum(d for s, d, *_ in calls if s == "codec"),
+            "codec_calls": sum(1 for s, *_ in calls if s == "codec"),
+            "frames_total": sum(o["result"].frames for o in outs),
+            "finish_reasons": sorted({o["result"].finish_reason for o in outs}),
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+    def summary(self) -> dict:
+        import llama_cpp
+        import onnxruntime
+
+        self.engine.stop()
+        self.model.close()
+        m = self.model.manifest
+        return {"load_s": self.load_s, "rss_loaded_mb": self.rss_loaded, "peak_rss_single_mb": self.peak_single,
+                "peak_rss_mb": peak_rss_mb(), "threads": self.threads, "quant": m.quant,
+                "predictor_precision": m.code_predictor.get("precision"), "text_mode": TEXT_MODE,
+                "prompt_rows": self.prompt_rows, "warmup_first_audio_s": self.warmup_first_audio_s,
+                "llama_cpp": llama_cpp.__version__, "onnxruntime": onnxruntime.__version__, "pid": os.getpid()}

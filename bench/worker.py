@@ -1,0 +1,121 @@
+"""Measurements in fresh processes, so that peak RSS, thread pools and runtimes (PyTorch for the
+official pipeline, llama.cpp + ONNX Runtime for ours) never mix.
+
+One-shot tasks: `python -m bench.worker TASK PARAMS_JSON OUT_JSON` with TASK machine (bandwidth,
+GFLOP/s), costs (bytes/FLOPs of a model folder) or http (the HTTP server).
+
+Sessions: `python -m bench.worker session ours|official PARAMS_JSON` loads a model once, answers
+`{"ready": ...}`, then runs one operation per JSON line read from stdin (`{"op": "single",
+"rep": r}`, `{"op": "concurrency", "n": n}`, `{"op": "summary"}` which also ends it) and answers
+each with one JSON line. Results go to the original stdout; anything libraries print goes to
+stderr. Sessions let the orchestrator interleave our runs with the official ones, so both see
+the same background load on a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+def _one_shot(task: str, params: dict, out: Path) -> int:
+    from bench.common import Meter, progress, wait_for_quiet
+
+    try:
+        if task == "machine":
+            from bench.physics import machine_limits
+
+            quiet = wait_for_quiet(params.get("quiet_s", 0.0))
+            with Meter() as m:
+                result = machine_limits(params["threads"])
+            result.update(quiet, background=m.background)
+        elif task == "costs":
+            from bench.physics import model_costs
+
+            wait_for_quiet(params.get("quiet_s", 0.0))  # the ORT profile is a timing too
+            result = model_costs(params["model_dir"], params["threads"], params.get("profile", True),
+                                 params.get("predictor_dirs"))
+        elif task == "http":
+            from bench.http_ttfa import run
+
+            result = run(progress=progress, **params)
+        else:
+            raise SystemExit(f"unknown task {task!r}")
+    except Exception as e:  # reported to the orchestrator, which records the failure in the report
+        traceback.print_exc()
+        result = {"error": f"{type(e).__name__}: {e}"}
+    out.write_text(json.dumps(result, default=_jsonable))
+    return 0 if "error" not in result else 1
+
+
+def _session(kind: str, params: dict) -> int:
+    from bench.common import progress
+
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints (banners, warnings) must not corrupt the result channel
+    sys.stdout = sys.stderr
+
+    def send(obj: dict) -> None:
+        channel.write(json.dumps(obj, default=_jsonable) + "\n")
+        channel.flush()
+
+    try:
+        if kind == "ours":
+            from bench.ours import OursSession
+
+            session = OursSession(progress=progress, **params)
+        elif kind == "official":
+            from bench.official import OfficialSession
+
+            session = OfficialSession(progress=progress, **params)
+        else:
+            raise SystemExit(f"unknown session kind {kind!r}")
+    except Exception as e:
+        traceback.print_exc()
+        send({"error": f"{type(e).__name__}: {e}"})
+        return 1
+    send({"ready": True})
+    for line in sys.stdin:
+        op = json.loads(line)
+        try:
+            if op["op"] == "single":
+                send(session.single(op["rep"]))
+            elif op["op"] == "isolated":
+                send(session.isolated())
+            elif op["op"] == "concurrency":
+                send(session.concurrency(op["n"]))
+            elif op["op"] == "summary":
+                send(session.summary())
+                return 0
+            else:
+                send({"error": f"unknown op {op['op']!r}"})
+        except Exception as e:
+            traceback.print_exc()
+            send({"error": f"{type(e).__name__}: {e}"})
+    return 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args and args[0] == "session":
+        sys.exit(_session(args[1], json.loads(args[2])))
+    sys.exit(_one_shot(args[0], json.loads(args[1]), Path(args[2])))
