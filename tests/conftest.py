@@ -86,3 +86,40 @@ def converted_factory():
 @pytest.fixture(scope="session")
 def tiny_cv_f32() -> Path:
     return converted_model("tiny_cv", "f32")
+
+
+# Debian's chromium driven by Playwright (never `playwright install`: it downloads a browser)
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--autoplay-policy=no-user-gesture-required", "--use-fake-device-for-media-stream",
+                 "--use-fake-ui-for-media-stream"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A headless Chromium for the web console's tests."""
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def failing_codec(monkeypatch):
+    """Call with a CodecDecoder: its decode works once, then raises (a failure after audio began)."""
+    def install(codec) -> None:
+        real_decode, calls = codec.decode, []
+
+        def decode_then_fail(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("codec exploded")
+            return real_decode(*args, **kwargs)
+
+        monkeypatch.setattr(codec, "decode", decode_then_fail)
+        return calls
+
+    return install

@@ -237,17 +237,8 @@ def test_the_path_without_v1_and_the_full_input_length(http):
     assert response.status_code == 200 and len(response.content) == 2 * 2 * SAMPLES_PER_FRAME
 
 
-def test_failure_after_audio_aborts_the_connection_or_sends_an_error_event(http, registry, monkeypatch):
-    codec = registry.default.model.codec
-    real_decode, calls = codec.decode, []
-
-    def decode_then_fail(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("codec exploded")
-        return real_decode(*args, **kwargs)
-
-    monkeypatch.setattr(codec, "decode", decode_then_fail)
+def test_failure_after_audio_aborts_the_connection_or_sends_an_error_event(http, registry, failing_codec):
+    calls = failing_codec(registry.default.model.codec)
     body = {"model": "tts-1", "input": TEXT, "voice": "ryan", "response_format": "wav", "max_frames": 40}
     received = []
     with pytest.raises(httpx.RemoteProtocolError):  # no terminating chunk: the file is known to be cut

@@ -243,17 +243,8 @@ def test_bad_messages_get_error_events_and_the_socket_keeps_working(server, regi
     assert wait_idle(registry)["active"] == 0
 
 
-def test_an_engine_failure_mid_stream_is_an_error_then_done(server, registry, monkeypatch):
-    codec = registry.default.model.codec
-    real_decode, calls = codec.decode, []
-
-    def decode_then_fail(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("codec exploded")
-        return real_decode(*args, **kwargs)
-
-    monkeypatch.setattr(codec, "decode", decode_then_fail)
+def test_an_engine_failure_mid_stream_is_an_error_then_done(server, registry, failing_codec, monkeypatch):
+    failing_codec(registry.default.model.codec)  # patched through this test's monkeypatch
     with open_ws(server) as ws:
         start(ws)
         send(ws, type="text", text=TEXT)

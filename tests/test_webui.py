@@ -20,17 +20,13 @@ import pytest
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.testing import ServerThread
+from tests.conftest import CHROMIUM
 from qwen3_tts_gguf.model import EngineSettings
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--autoplay-policy=no-user-gesture-required", "--use-fake-device-for-media-stream",
-                 "--use-fake-ui-for-media-stream"]
 KEY = "console-key"
 SAMPLES_PER_FRAME = 1920
 WAIT_MS = 30_000
@@ -46,14 +42,6 @@ def server(tiny_cv_f32):
     with ServerThread(app) as running:
         yield running
     registry.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

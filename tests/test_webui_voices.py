@@ -23,9 +23,10 @@ from api.testing import ServerThread
 from qwen3_tts_gguf.model import EngineSettings
 from qwen3_tts_gguf.voices import VoiceStore
 from tests.test_cli_voices import speechlike
-from tests.test_webui import CHROMIUM, CHROMIUM_ARGS, ROOT, SAMPLES_PER_FRAME, WAIT_MS, qtts, screenshot
+from tests.conftest import CHROMIUM
+from tests.test_webui import ROOT, SAMPLES_PER_FRAME, WAIT_MS, qtts, screenshot
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="Debian chromium is not installed")
 
@@ -58,14 +59,6 @@ def server(registry, voices_dir):
     app = create_app(ServerConfig(api_key=KEY, webui_dir=ROOT / "webui", voices_dir=voices_dir), registry)
     with ServerThread(app) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
