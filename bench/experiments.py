@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import CACHE, OUT, Meter, median, wait_for_quiet
+from .common import OUT, Meter, median, wait_for_quiet
 
 
 def _model_dir(shape: str, quant: str, cp: str = "int8") -> Path:

@@ -157,8 +157,7 @@ def talker_cost(gguf_path: str | Path) -> dict:
 
 
 def _initializers(model) -> dict:
-    from onnx import numpy_helper  # noqa: F401
-
+    """Initializer name -> bytes."""
     out = {}
     for init in model.graph.initializer:
         dims = int(np.prod(init.dims)) if init.dims else 1

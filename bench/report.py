@@ -56,10 +56,25 @@ def _ok(r) -> bool:
 
 
 def _limits(res: dict) -> dict:
+    """Best weight-streaming rate (numpy reads or ORT's M=1 MatMul chain, whichever pulled more)
+    and best convolution throughput."""
     lim = res.get("machine_limits", {})
     threads = lim.get("threads", 2)
-    return {"bw": lim.get(f"read_gbs_{threads}t"), "bw1": lim.get("read_gbs_1t"),
-            "gemv": lim.get("gemv_stream_gbs"), "conv": lim.get("conv_gflops"), "gemm": lim.get("gemm_gflops")}
+    reads = [v for v in (lim.get(f"read_gbs_{threads}t"), lim.get("read_gbs_1t"), lim.get("gemv_stream_gbs")) if v]
+    return {"bw": max(reads) if reads else None, "conv": lim.get("conv_gflops"), "gemm": lim.get("gemm_gflops")}
+
+
+def _probe_spread(res: dict) -> str:
+    runs = [r for r in res.get("machine_limits_runs", []) if isinstance(r, dict) and "error" not in r]
+    if len(runs) < 2:
+        return ""
+    t = runs[0].get("threads", 2)
+    vals = [r.get(f"read_gbs_{t}t") for r in runs]
+    gemv = [r.get("gemv_stream_gbs") for r in runs]
+    if None in vals or None in gemv:
+        return ""
+    return (f"The two probes of this run read {' and '.join(f'{v:.1f}' for v in vals)} GB/s (numpy) and "
+            f"{' and '.join(f'{v:.1f}' for v in gemv)} GB/s (ORT MatMul chain). ")
 
 
 def _headline_run(entry: dict):
@@ -164,16 +179,19 @@ def render(res: dict) -> str:
         w(f"| numpy fp32 GEMM | {_f(L.get('numpy_gemm_gflops'))} GFLOP/s | {_f(L.get('numpy_gemm_gflops_median'))} GFLOP/s | "
           f"2048³, OpenBLAS |")
         w("")
-        w("Lower bounds below use the *best* bandwidth / throughput measured here; a stage running faster than "
-          "its bound (ratio < 1×) means part of its weights stayed in cache or the bandwidth probe ran while "
-          "the machine was busy.\n")
+        w("The lower bounds above use the best weight-streaming rate (the larger of the memory reads and the ORT "
+          "MatMul chain) and the best Conv1d throughput measured here, at the start and at the end of the run. "
+          + _probe_spread(res) + "On a shared or virtual machine the bandwidth varies with the neighbours, so a "
+          "bound is a floor for *this* run, not a constant.\n")
 
     w("## Reproduce\n")
     w("```\n. .venv/bin/activate\npython -m bench --quick      # < 5 min: 0.6B, q8_0\n"
       "python -m bench              # every quant, thread sweep, 0.6B and 1.7B\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
-      "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page.\n")
+      "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
+      "Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision, "
+      "batching the codec) are measured separately by `python -m bench.experiments engine-knobs|cp-quant|codec-batch`.\n")
     return "\n".join(out) + "\n"
 
 
@@ -231,8 +249,9 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
     if head and lim.get("bw"):
         w("### Each stage next to its physical limit\n")
         w(f"Bandwidth-bound stages (one token at a time: every weight is read once per step, arithmetic is "
-          f"negligible): bound = bytes / {lim['bw']:.1f} GB/s (best measured read bandwidth). Compute-bound codec: "
-          f"bound = FLOPs / {_f(lim.get('conv'))} GFLOP/s (best measured ORT Conv1d).\n")
+          f"negligible): bound = bytes / {lim['bw']:.1f} GB/s (the best weight-streaming rate measured, see *Machine "
+          f"limits*). Compute-bound codec: bound = FLOPs / {_f(lim.get('conv'))} GFLOP/s (best measured ORT Conv1d); "
+          f"it also re-reads its weights once per call.\n")
         w("| stage | weights | read per frame | work per frame | lower bound, ms/frame | alone, ms/frame "
           "| in the engine (median), ms/frame | × above bound | official, ms/frame |")
         w("|---|---|---|---|---|---|---|---|---|")
@@ -280,7 +299,7 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
             gap = max(ratios)
             far = max(ratios, key=lambda r: r[1])
             share = max(ratios, key=lambda r: r[3])
-            w(f"Furthest from its bound: **{far[2]}** ({far[1]:.1f}×: {far[3]:.0f} ms measured vs {far[4]:.0f} ms). "
+            w(f"Headline configuration: furthest from its bound: **{far[2]}** ({far[1]:.1f}×: {far[3]:.0f} ms measured vs {far[4]:.0f} ms). "
               f"Largest absolute gap: **{gap[2]}** ({gap[3] - gap[4]:.0f} ms per frame above its bound). "
               f"Largest share of each frame: **{share[2]}** ({share[3]:.0f} of "
               f"{sum(r[3] for r in ratios):.0f} ms). The {head_cp} code predictor reads "

@@ -31,4 +31,7 @@ def make_session(path: str | Path, *, threads: int | None = None, device: str = 
     opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    # idle ORT threads must not spin: llama.cpp runs right after on the same cores (measured: talker
+    # step in the engine loop 38 -> 19 ms, real-time factor 2.00 -> 1.68 on 2 cores)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_providers(device))
