@@ -1,11 +1,11 @@
 """Prototypes of engine changes, measured on the benchmark models (not part of `python -m bench`).
 
-    python -m bench.experiments engine-knobs [--rounds 6]   # ORT spinning, llama.cpp repack, OMP wait, threads
+    python -m bench.experiments engine-knobs [--rounds 6]   # llama.cpp repack, OMP wait, threads
     python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
 
-Nothing here changes the engine: variants patch a worker process (`ours._without_ort_spinning`,
-`ours._with_llama_repack`) or set environment variables. Variants alternate round by round so they share the background load of
+Nothing here changes the engine: variants patch a worker process (`ours._with_llama_repack`) or
+set environment variables. (ONNX Runtime's threads no longer spin in the engine itself.) Variants alternate round by round so they share the background load of
 this machine; medians and best runs are printed as markdown and saved under bench/out/.
 """
 
@@ -44,11 +44,8 @@ def engine_knobs(args) -> dict:
     base = dict(model_dir=str(model), frames=args.frames, warmup_frames=4, concurrency_frames=args.frames)
     variants = {
         "default, 2 threads": (dict(base, threads=2), {}),
-        "ORT spinning off, 2 threads": (dict(base, threads=2, ort_spinning=False), {}),
-        "ORT spinning off + llama.cpp repack, 2 threads": (dict(base, threads=2, ort_spinning=False,
-                                                                llama_repack=True), {}),
-        "ORT spinning off + OMP_WAIT_POLICY=PASSIVE, 2 threads": (dict(base, threads=2, ort_spinning=False),
-                                                                  {"OMP_WAIT_POLICY": "PASSIVE"}),
+        "llama.cpp repack, 2 threads": (dict(base, threads=2, llama_repack=True), {}),
+        "OMP_WAIT_POLICY=PASSIVE, 2 threads": (dict(base, threads=2), {"OMP_WAIT_POLICY": "PASSIVE"}),
         "default, 1 thread": (dict(base, threads=1), {}),
     }
     runs: dict[str, list] = {k: [] for k in variants}

@@ -59,27 +59,6 @@ def _codec_sizes(codes, *a, **k):
     return (codes.shape[-2], 1 if codes.ndim == 2 else codes.shape[0])
 
 
-def _without_ort_spinning() -> None:
-    """Prototype of an engine change (bench.experiments only): ONNX Runtime sessions whose idle
-    worker threads sleep instead of spinning, so they stop competing with llama.cpp's threads."""
-    import onnxruntime as ort
-
-    import qwen3_tts_gguf.codec as codec
-    import qwen3_tts_gguf.predictor as predictor
-    from qwen3_tts_gguf.onnx_session import resolve_providers
-
-    def make_session(path, *, threads=None, device="cpu"):
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(str(path), sess_options=opts, providers=resolve_providers(device))
-
-    predictor.make_session = codec.make_session = make_session
-
-
 def _with_llama_repack() -> None:
     """Prototype (bench.experiments only): load the talker with llama.cpp's extra buffer types
     (CPU_REPACK: weights repacked for the AVX-512/AVX2 GEMM kernels). The engine turns them off
@@ -97,14 +76,12 @@ def _with_llama_repack() -> None:
 
 class OursSession:
     def __init__(self, model_dir: str, threads: int, frames: int, warmup_frames: int,
-                 concurrency_frames: int, max_streams: int = 8, ort_spinning: bool = True,
+                 concurrency_frames: int, max_streams: int = 8,
                  predictor_file: str | None = None, llama_repack: bool = False, progress=None):
         from qwen3_tts_gguf.model import EngineSettings, LoadedModel
         from qwen3_tts_gguf.prompt import VoiceSpec
         from qwen3_tts_gguf.scheduler import Engine
 
-        if not ort_spinning:
-            _without_ort_spinning()
         if llama_repack:
             _with_llama_repack()
 
