@@ -10,6 +10,8 @@ row used once they run out. Rows are sums of a text part (E_txt) and a codec par
                BOS + C(codec_pad)
     body       non-streaming: E_txt(t) + C(pad) for every token, EOS + C(pad), PAD + C(codec_bos)
                streaming:     E_txt(t0) + C(codec_bos); trailing = E_txt(t1..) ++ EOS
+An in-context clone puts its reference transcript before the text and pairs the text track with
+codec_bos + one row per reference frame instead of codec_bos alone (`reference_track`).
 """
 
 from __future__ import annotations
@@ -133,64 +135,48 @@ class PromptBuilder:
         """Reference transcript ids, sliced from the official template (ids[3:-2])."""
         return self.tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")[3:-2]
 
-    def build_icl(self, text: str, voice: VoiceSpec, ref_text: str, ref_codes: np.ndarray, text_mode: str) -> Prompt:
-        """In-context clone prompt (Base models): the reference transcript and codes precede the text.
+    def reference_track(self, voice: VoiceSpec) -> tuple[list[int], np.ndarray]:
+        """(text ids before the body, codec rows the text track is paired with).
 
-        Text rows (reference transcript + text + EOS) and codec rows (codec_bos + one frame embedding
-        per reference frame) are paired as the official `generate_icl_prompt` pairs them.
+        Plain voices: ([], [C(codec_bos)]). In-context clones: the reference transcript, and
+        codec_bos + one frame embedding per reference frame, as the official
+        `generate_icl_prompt` pairs them.
+        """
+        codec_bos = self.tables.codec_rows([self.manifest.codec_ids["bos"]])
+        if voice.reference is None:
+            return [], codec_bos
+        if voice.speaker_embedding is None:
+            raise PromptError("an in-context clone needs the reference speaker embedding")
+        codes = np.asarray(voice.reference.codes, np.int64).reshape(-1, 16)
+        return self.ref_text_ids(voice.reference.text), np.concatenate([codec_bos, self.tables.frame_rows(codes)])
+
+    def build(self, text: str, voice: VoiceSpec, text_mode: str) -> Prompt:
+        """The full prompt for `text` in `text_mode` ("non-streaming" | "streaming").
+
+        Text rows (reference transcript if any + text + EOS) meet codec rows (`reference_track`):
+        non-streaming puts all text rows (+ codec_pad) before the codec rows (+ <tts_pad>);
+        streaming pairs the first len(codec rows) text rows with them (padding with <tts_pad> when
+        the text is shorter) and the rest trail, one per decode step.
         """
         if text_mode not in TEXT_MODES:
             raise PromptError(f"unknown text mode {text_mode!r}; choose non-streaming or streaming")
         body = self.text_ids(text)
         if not text.strip() or not body:
             raise PromptError("input text is empty")
-        if voice.speaker_embedding is None:
-            raise PromptError("an in-context clone needs the reference speaker embedding")
-        ref_codes = np.asarray(ref_codes, np.int64).reshape(-1, 16)
         prefix = self.prefix_rows(voice)
-        c = self.manifest.codec_ids
-        codec_pad, codec_bos = self.tables.codec_rows([c["pad"], c["bos"]])
-        text_rows = np.concatenate([self.tables.text_rows(self.ref_text_ids(ref_text) + body), self.eos_row[None]])
-        codec_rows = np.concatenate([codec_bos[None], self.tables.frame_rows(ref_codes)])
-        hidden = prefix.shape[1]
+        ref_ids, codec_rows = self.reference_track(voice)
+        text_rows = np.concatenate([self.tables.text_rows(ref_ids + body), self.eos_row[None]])
+        empty = np.zeros((0, prefix.shape[1]), np.float32)
         if text_mode == "non-streaming":
+            codec_pad = self.tables.codec_rows([self.manifest.codec_ids["pad"]])[0]
             rows = np.concatenate([prefix, text_rows + codec_pad, codec_rows + self.pad_row])
-            trailing = np.zeros((0, hidden), np.float32)
+            trailing = empty
         elif len(text_rows) > len(codec_rows):
             rows = np.concatenate([prefix, text_rows[:len(codec_rows)] + codec_rows])
             trailing = text_rows[len(codec_rows):]
         else:
             padded = np.concatenate([text_rows, np.repeat(self.pad_row[None], len(codec_rows) - len(text_rows), 0)])
             rows = np.concatenate([prefix, padded + codec_rows])
-            trailing = np.zeros((0, hidden), np.float32)
-        return Prompt(rows=rows.astype(np.float32), trailing=trailing.astype(np.float32),
-                      pad_row=self.pad_row, text_tokens=len(body), prefix_len=len(prefix))
-
-    def streaming_start(self, voice: VoiceSpec, first_id: int, prefix: np.ndarray | None = None) -> np.ndarray:
-        """Prefill rows of a streaming-text prompt whose first body token is known (the rest trails)."""
-        prefix = self.prefix_rows(voice) if prefix is None else prefix
-        codec_bos = self.tables.codec_rows([self.manifest.codec_ids["bos"]])[0]
-        return np.concatenate([prefix, (self.tables.text_rows([first_id])[0] + codec_bos)[None]]).astype(np.float32)
-
-    def build(self, text: str, voice: VoiceSpec, text_mode: str) -> Prompt:
-        """The full prompt for `text` in `text_mode` ("non-streaming" | "streaming")."""
-        if voice.reference is not None:
-            return self.build_icl(text, voice, voice.reference.text, voice.reference.codes, text_mode)
-        if text_mode not in TEXT_MODES:
-            raise PromptError(f"unknown text mode {text_mode!r}; choose non-streaming or streaming")
-        body = self.text_ids(text)
-        if not text.strip() or not body:
-            raise PromptError("input text is empty")
-        prefix = self.prefix_rows(voice)
-        c = self.manifest.codec_ids
-        codec_pad, codec_bos = self.tables.codec_rows([c["pad"], c["bos"]])
-        body_rows = self.tables.text_rows(body)
-        if text_mode == "non-streaming":
-            rows = np.concatenate([prefix, body_rows + codec_pad, (self.eos_row + codec_pad)[None],
-                                   (self.pad_row + codec_bos)[None]])
-            trailing = np.zeros((0, prefix.shape[1]), np.float32)
-        else:
-            rows = np.concatenate([prefix, (body_rows[0] + codec_bos)[None]])
-            trailing = np.concatenate([body_rows[1:], self.eos_row[None]])
+            trailing = empty
         return Prompt(rows=rows.astype(np.float32), trailing=trailing.astype(np.float32),
                       pad_row=self.pad_row, text_tokens=len(body), prefix_len=len(prefix))

@@ -100,18 +100,8 @@ class _FedText:
     def __init__(self, engine: "Engine", request: SynthesisRequest):
         prompts = engine.model.prompts
         self._prompts = prompts
-        self._voice = request.voice
         self._prefix = prompts.prefix_rows(request.voice)  # validates the voice now
-        codec_bos = prompts.tables.codec_rows([prompts.manifest.codec_ids["bos"]])
-        reference = request.voice.reference
-        if reference is None:
-            self._ref_ids: list[int] = []
-            self._codec_rows = codec_bos
-        else:
-            if request.voice.speaker_embedding is None:
-                raise PromptError("an in-context clone needs the reference speaker embedding")
-            self._ref_ids = prompts.ref_text_ids(reference.text)
-            self._codec_rows = np.concatenate([codec_bos, prompts.tables.frame_rows(reference.codes)])
+        self._ref_ids, self._codec_rows = prompts.reference_track(request.voice)
         tokenizer = prompts.tokenizer
         # plain encode of each new run of pieces = the template's body ids (text not starting with a newline)
         self.feed = TextFeed(tokenizer.encode, tokenizer.pieces, on_change=engine._notify)
