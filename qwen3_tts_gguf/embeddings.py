@@ -6,11 +6,14 @@ prompt uses (the table has 151936 rows; most are never touched, and the file is 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from .safetensors_io import SafetensorsFile, bf16_to_f32
+
+TEXT_CACHE_ROWS = 16384  # E_txt rows kept (64 MB at H=1024, 128 MB at H=2048)
 
 
 class EmbeddingTables:
@@ -25,7 +28,8 @@ class EmbeddingTables:
         self.codec = [self._file[f"codec_embedding.{i}"] for i in range(16)]
         self.hidden_size = self.codec[0].shape[1]
         self.text_vocab_size = self._file.shape_of("text_embedding")[0]
-        self._text_cache: dict[int, np.ndarray] = {}
+        self._text_cache: dict[int, np.ndarray] = {}  # oldest first; bounded (a server runs for weeks)
+        self._cache_lock = threading.Lock()  # prompts are built on request threads and on the engine's
 
     def _text_embedding_rows(self, ids: np.ndarray) -> np.ndarray:
         raw = self._file.raw("text_embedding")
@@ -35,9 +39,13 @@ class EmbeddingTables:
         return rows.astype(np.float32)
 
     def text_rows(self, ids) -> np.ndarray:
-        """E_txt for each id: [n, H] float32 (cached per id)."""
+        """E_txt for each id: [n, H] float32 (the last TEXT_CACHE_ROWS rows computed are cached)."""
         ids = [int(i) for i in ids]
-        missing = sorted({i for i in ids if i not in self._text_cache})
+        if not ids:
+            return np.zeros((0, self.hidden_size), np.float32)
+        with self._cache_lock:
+            found = {i: self._text_cache[i] for i in ids if i in self._text_cache}
+        missing = sorted(set(ids) - found.keys())
         if missing:
             if missing[0] < 0 or missing[-1] >= self.text_vocab_size:
                 raise ValueError(f"text token id out of range: {missing}")
@@ -45,11 +53,12 @@ class EmbeddingTables:
             h = x @ self.fc1_w.T + self.fc1_b
             h = h * (1.0 / (1.0 + np.exp(-h)))
             y = (h @ self.fc2_w.T + self.fc2_b).astype(np.float32)
-            for i, row in zip(missing, y):
-                self._text_cache[i] = row
-        if not ids:
-            return np.zeros((0, self.hidden_size), np.float32)
-        return np.stack([self._text_cache[i] for i in ids])
+            found.update(zip(missing, y))
+            with self._cache_lock:
+                self._text_cache.update(zip(missing, y))
+                while len(self._text_cache) > TEXT_CACHE_ROWS:
+                    del self._text_cache[next(iter(self._text_cache))]
+        return np.stack([found[i] for i in ids])
 
     def codec_rows(self, ids) -> np.ndarray:
         """Talker codec-embedding rows (codebook-0 codes, control, language and speaker ids)."""
