@@ -38,6 +38,13 @@ class EmbeddingTables:
             return bf16_to_f32(rows)
         return rows.astype(np.float32)
 
+    def _project(self, x: np.ndarray) -> np.ndarray:
+        """The projection MLP on one row. One row at a time on purpose: a batched GEMM's rounding
+        depends on the batch, and a token's row must not depend on which tokens came with it."""
+        h = self.fc1_w @ x + self.fc1_b
+        h = h * (1.0 / (1.0 + np.exp(-h)))
+        return (self.fc2_w @ h + self.fc2_b).astype(np.float32)
+
     def text_rows(self, ids) -> np.ndarray:
         """E_txt for each id: [n, H] float32 (the last TEXT_CACHE_ROWS rows computed are cached)."""
         ids = [int(i) for i in ids]
@@ -49,10 +56,7 @@ class EmbeddingTables:
         if missing:
             if missing[0] < 0 or missing[-1] >= self.text_vocab_size:
                 raise ValueError(f"text token id out of range: {missing}")
-            x = self._text_embedding_rows(np.array(missing))
-            h = x @ self.fc1_w.T + self.fc1_b
-            h = h * (1.0 / (1.0 + np.exp(-h)))
-            y = (h @ self.fc2_w.T + self.fc2_b).astype(np.float32)
+            y = np.stack([self._project(x) for x in self._text_embedding_rows(np.array(missing))])
             found.update(zip(missing, y))
             with self._cache_lock:
                 self._text_cache.update(zip(missing, y))

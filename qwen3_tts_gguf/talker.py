@@ -37,10 +37,11 @@ def quiet_llama_logs() -> None:
 class TalkerSettings:
     """How the talker context is created.
 
-    deterministic: F32 KV cache, flash attention off and one KV buffer per stream — the profile in
-    which outputs equal the official implementation to float tolerance and a stream's numbers do not
-    depend on which other streams share its steps. (In one shared buffer, attention sums run over
-    every stream's cells, so the other streams change the summation order in the last bits.)
+    deterministic: F32 KV cache, flash attention off, one KV buffer per stream and one llama_decode
+    per stream — the profile in which outputs equal the official implementation to float tolerance
+    and a stream's numbers do not depend on which other streams run with it. (In one shared buffer,
+    attention sums run over every stream's cells; and a matmul's kernel depends on its row count:
+    both change the last bits.)
     """
 
     n_ctx: int = 8192
@@ -116,6 +117,11 @@ class Talker:
             rows = np.ascontiguousarray(item.rows, dtype=np.float32)
             if rows.ndim != 2 or rows.shape[1] != self.hidden_size or len(rows) == 0:
                 raise ValueError(f"rows must be [n>0, {self.hidden_size}], got {rows.shape}")
+            if n and self.settings.deterministic:
+                # a matmul's kernel (and rounding) depends on how many rows it gets: in the parity
+                # profile each stream decodes on its own, so its numbers never depend on the others
+                self._run(n, pending, logits, hidden)
+                pending, n = [], 0
             for r in range(len(rows)):
                 if n == cap:
                     self._run(n, pending, logits, hidden)
