@@ -515,7 +515,14 @@ class Engine:
                     continue
                 items.append(DecodeItem(act.seq, act.pos, (out.frame_embedding[k] + text_rows[k])[None]))
                 owners.append(act)
-        # 4. prompts of admitted streams and new segments join the same decode
+        # 4. audio that is due, before the talker step: a chunk's latency need not include it
+        for act in stepping:
+            if act.seq not in self._active or act.stream.cancelled:
+                continue
+            target = self.settings.chunk_frames[min(act.chunk_index, len(self.settings.chunk_frames) - 1)]
+            if len(act.pending) >= target:
+                self._emit_audio(act)
+        # 5. prompts of admitted streams and new segments join the same decode
         for act in prefill:
             items.append(self._prefill_item(act))
             owners.append(act)
@@ -529,13 +536,6 @@ class Engine:
                 act.timings["talker_s"] += dt
                 if act.new_prefix is not None:
                     self._keep_prefix(act)
-        # 5. audio
-        for act in stepping:
-            if act.seq not in self._active or act.stream.cancelled:
-                continue
-            target = self.settings.chunk_frames[min(act.chunk_index, len(self.settings.chunk_frames) - 1)]
-            if len(act.pending) >= target:
-                self._emit_audio(act)
         for act, reason in ended:
             self._finish(act, reason)
         self.stats["iterations"] += 1

@@ -110,22 +110,31 @@ class _CodecBuilder:
     def trans_conv(self, x: str, prefix: str, stride: int, state: str) -> str:
         """Causal ConvTranspose1d (official: no padding, drop the last k-s samples) on [B, C, L].
 
-        Keeps the previous ceil(k/s)-1 input columns; ConvTranspose over [prev, x] and keep the N*s
-        samples that belong to this call's columns. The zero initial columns add nothing (the bias
-        is added once per output sample by the op itself)."""
+        With k = m*s (every transposed conv of this codec), output block t (s samples) is
+        sum_i W[:, :, i*s:(i+1)*s]^T x[t-i] for i < m: one MatMul of the m shifted input columns,
+        stacked on the channel axis, by the taps laid out as [m*C_in, C_out*s]. ONNX Runtime
+        prepacks that constant operand, where its ConvTranspose re-reads the weights transposed
+        and adds a col2im pass. The previous m-1 input columns are the state."""
+        g = self.g
         weight = self.w(prefix + ".conv.weight")  # [C_in, C_out, k], already ONNX's layout
-        k = weight.shape[-1]
-        keep = -(-k // stride) - 1
-        if keep:
-            h = self.state(state, (weight.shape[0], keep))
-            x = self.g.op("Concat", h, x, axis=2)
-            self.new_states[state] = self.tail(x, keep, axis=2)
-        y = self.g.op("ConvTranspose", x, self.init(prefix + ".conv.weight"), self.init(prefix + ".conv.bias"),
-                      strides=[stride])
-        drop = k - stride
-        if keep or drop:
-            y = self.slice(y, keep * stride, -drop if drop else INT_MAX, axis=2)
-        return y
+        c_in, c_out, k = weight.shape
+        if k % stride:
+            raise ValueError(f"{prefix}: kernel {k} is not a multiple of the stride {stride}")
+        m = k // stride
+        if m > 1:
+            x = g.op("Concat", self.state(state, (c_in, m - 1)), x, axis=2)
+            self.new_states[state] = self.tail(x, m - 1, axis=2)
+        cols = g.op("Transpose", x, perm=[0, 2, 1])  # [B, N+m-1, C_in]
+        if m > 1:  # x[t-i] for i < m, side by side
+            cols = g.op("Concat", *[self.slice(cols, m - 1 - i, -i if i else INT_MAX, axis=1) for i in range(m)],
+                        axis=2)
+        kernel = np.concatenate([weight[:, :, i * stride:(i + 1) * stride].reshape(c_in, c_out * stride)
+                                 for i in range(m)])
+        bias = np.repeat(self.w(prefix + ".conv.bias"), stride)
+        y = g.op("Add", g.op("MatMul", cols, self.init(prefix + ".conv.taps", kernel)),
+                 self.init(prefix + ".conv.bias_taps", bias))  # [B, N, C_out*s]
+        y = g.op("Transpose", g.op("Reshape", y, g.const([0, -1, c_out, stride])), perm=[0, 2, 1, 3])
+        return g.op("Reshape", y, g.const([0, c_out, -1]))
 
     def linear(self, x: str, prefix: str, bias: bool = True) -> str:
         w = self.w(prefix + ".weight")

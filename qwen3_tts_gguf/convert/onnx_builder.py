@@ -108,11 +108,16 @@ class GraphBuilder:
             y = self.op("Add", y, self.weight(prefix + ".bias", bias))
         return y
 
-    def rms_norm(self, x: str, weight: np.ndarray, eps: float, prefix: str) -> str:
-        """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * w."""
-        ms = self.op("ReduceMean", self.op("Mul", x, x), axes=[-1], keepdims=1)
-        inv = self.op("Reciprocal", self.op("Sqrt", self.op("Add", ms, self.const(eps))))
-        return self.op("Mul", self.op("Mul", x, inv), self.weight(prefix, weight))
+    def rms_norm(self, x: str, weight: str | np.ndarray, eps: float, prefix: str = "rms_norm.weight") -> str:
+        """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * w (`weight`: an initializer name
+        or an array to register as `prefix`).
+
+        Written as the Pow/ReduceMean/Add/Sqrt/Div/Mul chain that ONNX Runtime fuses into one
+        SimplifiedLayerNormalization kernel (six nodes per norm otherwise)."""
+        w = weight if isinstance(weight, str) else self.weight(prefix, weight)
+        ms = self.op("ReduceMean", self.op("Pow", x, self.const(2.0)), axes=[-1], keepdims=1)
+        rms = self.op("Sqrt", self.op("Add", ms, self.const(eps)))
+        return self.op("Mul", self.op("Div", x, rms), w)
 
     def silu(self, x: str) -> str:
         return self.op("Mul", x, self.op("Sigmoid", x))

@@ -26,6 +26,7 @@ from ..checkpoint import Checkpoint
 from .onnx_builder import GraphBuilder
 
 NUM_STEPS = 15  # codebooks 1..15
+ROPE_NODE = "rope_rotation"  # MatMuls by constant rotations: exact in fp32, never quantized
 INPUTS = ("hidden", "code0", "rand", "temperature", "top_k", "top_p", "greedy")
 
 
@@ -55,31 +56,38 @@ class _Stack:
         return self.b.op("MatMul", x, self.param(name, transpose=True))
 
     def rms_norm(self, x: str, name: str) -> str:
-        b = self.b
-        ms = b.op("ReduceMean", b.op("Mul", x, x), axes=[-1], keepdims=1)
-        inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(self.cfg.rms_norm_eps))))
-        return b.op("Mul", b.op("Mul", x, inv), self.param(name))
+        return self.b.rms_norm(x, self.param(name), self.cfg.rms_norm_eps)
 
-    def rope(self, x: str, cos: str, sin: str) -> str:
-        b, half = self.b, self.cfg.head_dim // 2
-        x1, x2 = b.op("Split", x, b.const([half, half]), axis=-1, outputs=2)
-        rotated = b.op("Concat", b.op("Neg", x2), x1, axis=-1)
-        return b.op("Add", b.op("Mul", x, cos), b.op("Mul", rotated, sin))
+    def rope(self, x: str, positions: list[int]) -> str:
+        """NeoX rotary embedding of x [B,T,heads,hd] at `positions`, as one MatMul per step.
+
+        x*cos + rotate_half(x)*sin is linear in x with constant coefficients per position, so
+        each position's rotation is an [hd,hd] matrix with two non-zeros per column."""
+        hd, half = self.cfg.head_dim, self.cfg.head_dim // 2
+        cos, sin = rope_tables(hd, self.cfg.rope_theta, np.array(positions), self.b.float_type)
+        rotate = np.zeros((hd, hd), self.b.float_type)  # x @ rotate == concat(-x2, x1)
+        rotate[np.arange(half) + half, np.arange(half)] = -1
+        rotate[np.arange(half), np.arange(half) + half] = 1
+        b = self.b
+        rotations = [b.const(np.diag(c) + rotate * s[None, :]) for c, s in zip(cos, sin)]
+        if len(positions) == 1:
+            return b.op("MatMul", x, rotations[0], name=b.fresh(ROPE_NODE))
+        rows = b.op("Split", x, b.const([1] * len(positions)), axis=1, outputs=len(positions))
+        return b.op("Concat", *[b.op("MatMul", r, m, name=b.fresh(ROPE_NODE)) for r, m in zip(rows, rotations)],
+                    axis=1)
 
     def layer(self, i: int, x: str, cache: list, positions: list[int]) -> str:
         """One decoder layer on rows x [B,T,D] at `positions`; appends this step's K/V to cache[i]."""
         b, c = self.b, self.cfg
         p = f"{self.prefix}.layers.{i}"
         T, g = len(positions), c.num_heads // c.num_kv_heads
-        cos_np, sin_np = rope_tables(c.head_dim, c.rope_theta, np.array(positions), b.float_type)
-        cos, sin = b.const(cos_np[:, None, :]), b.const(sin_np[:, None, :])  # [T,1,hd]
 
         a = self.rms_norm(x, f"{p}.input_layernorm.weight")
         q = b.op("Reshape", self.matmul(a, f"{p}.self_attn.q_proj.weight"), b.const([0, T, c.num_heads, c.head_dim]))
         k = b.op("Reshape", self.matmul(a, f"{p}.self_attn.k_proj.weight"), b.const([0, T, c.num_kv_heads, c.head_dim]))
         v = b.op("Reshape", self.matmul(a, f"{p}.self_attn.v_proj.weight"), b.const([0, T, c.num_kv_heads, c.head_dim]))
-        q = self.rope(self.rms_norm(q, f"{p}.self_attn.q_norm.weight"), cos, sin)
-        k = self.rope(self.rms_norm(k, f"{p}.self_attn.k_norm.weight"), cos, sin)
+        q = self.rope(self.rms_norm(q, f"{p}.self_attn.q_norm.weight"), positions)
+        k = self.rope(self.rms_norm(k, f"{p}.self_attn.k_norm.weight"), positions)
         k = b.op("Transpose", k, perm=[0, 2, 1, 3])  # [B,kv,T,hd]
         v = b.op("Transpose", v, perm=[0, 2, 1, 3])
         if cache[i] is not None:
@@ -248,8 +256,10 @@ def quantize_code_predictor(model: onnx.ModelProto, precision: str) -> onnx.Mode
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
+    rope = [n.name for n in model.graph.node if n.name.startswith(ROPE_NODE)]
     quantizer = MatMulNBitsQuantizer(model, bits=_NBITS[precision], block_size=NBITS_BLOCK_SIZE,
-                                     is_symmetric=True, accuracy_level=NBITS_ACCURACY_LEVEL)
+                                     is_symmetric=True, accuracy_level=NBITS_ACCURACY_LEVEL,
+                                     nodes_to_exclude=rope)
     quantizer.process()
     quantized = quantizer.model.model
     entry = quantized.metadata_props.add()
