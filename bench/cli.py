@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from .common import CACHE, OUT, ROOT, wait_for_quiet
+from .common import CACHE, LONG_FRAMES, OUT, ROOT, wait_for_quiet
 
 QUANTS = ("f16", "q8_0", "q5_k_m", "q4_k_m")
 CP_PRECISIONS = ("int8", "fp32", "int4")  # the first is the users' default (the converter's default)
@@ -24,13 +24,13 @@ MODES = {
                   frames=24, reps=3, warmup=4,
                   concurrency=[1, 2, 4, 8], concurrency_frames=12, concurrency_quants=["q8_0"],
                   official_frames=12, official_reps=1, http_reps=2, quiet_s=2.0, limits_quiet_s=8.0,
-                  budget_s=270.0),
+                  latency_reps=3, playback=True, budget_s=270.0),
     # every quant, 50 frames (4 s of audio, as reference-harness.md §4), a thread sweep, 1.7B too
     "full": dict(shapes=["0.6b", "1.7b"], quants=list(QUANTS), cp_precisions=list(CP_PRECISIONS), threads=[2],
                  sweep_threads=[1], frames=50, reps=5,
                  warmup=4, concurrency=[1, 2, 4, 8], concurrency_frames=32, concurrency_quants=list(QUANTS),
                  official_frames=50, official_reps=3, http_reps=5, quiet_s=8.0, limits_quiet_s=60.0,
-                 budget_s=None),
+                 latency_reps=5, playback=True, budget_s=None),
 }
 
 
@@ -309,15 +309,27 @@ def run(args) -> dict:
                         if budget.allows(f"{shape} {key} {n} streams", est + 5):
                             gate()
                             conc.append(ours.call(op="concurrency", n=n))
+                latency, playback = [], None
+                if i == 0:  # time to first audio by text mode and prefix cache, then the 30 s playback check
+                    for r in range(plan["latency_reps"]):
+                        if r == 0 or budget.allows(f"{shape} {key} time to first audio run {r + 1}", 6):
+                            gate()
+                            latency.append(ours.call(op="latency", rep=r))
                 for r in range(1, max(plan["reps"], plan["official_reps"] if off else 0)):
                     pair(r)
+                if i == 0 and plan["playback"]:
+                    est = (walls["ours"] or 10) * LONG_FRAMES / plan["frames"] + 5
+                    if budget.allows(f"{shape} {key} 30 s playback check", est):
+                        gate()
+                        playback = ours.call(op="playback")
                 if off:
                     entry["official"] = {**off.close(), "runs": [x for x in off_runs if "error" not in x],
                                          "errors": [x["error"] for x in off_runs if "error" in x]}
                 summary = ours.close()
                 entry["ours"][key] = {**summary, "isolated": isolated, "single": [x for x in singles if "error" not in x],
                                       "concurrency": [x for x in conc if "error" not in x],
-                                      "errors": [x["error"] for x in singles + conc if "error" in x]}
+                                      "latency": [x for x in latency if "error" not in x], "playback": playback,
+                                      "errors": [x["error"] for x in singles + conc + latency if "error" in x]}
                 if "error" in summary and not entry["ours"][key]["single"]:
                     entry["ours"][key]["error"] = summary["error"]
                 bar.update()

@@ -18,6 +18,32 @@ TEXT = "The quick brown fox jumps over the lazy dog while the sun sets slowly be
 SPEAKER = "ryan"
 LANGUAGE = "english"
 TEXT_MODE = "non-streaming"
+# Time to first audio: a sentence the engine has not seen in that run (each takes the next one),
+# so its text rows are projected on request like a user's new text.
+LATENCY_TEXTS = (
+    "Good morning, your train to Berlin leaves from platform seven in ten minutes.",
+    "Please remember to water the plants on the balcony before you leave tonight.",
+    "The meeting has been moved to Thursday afternoon because of the holiday.",
+    "Our new library opens next week with a reading room for children.",
+    "Turn left at the bakery, then walk straight until you see the river.",
+    "Several volunteers cleaned the beach after the storm on Saturday morning.",
+    "Dinner is ready, so wash your hands and come to the kitchen table.",
+    "Scientists measured the glacier again and found it had shrunk by a metre.",
+    "The concert starts at eight, but the doors open an hour earlier.",
+    "Thank you for calling; all of our agents are currently helping other customers.",
+    "Heavy snow is expected in the mountains, and several passes may close.",
+    "She practised the violin every evening until the melody sounded effortless.",
+)
+# The chunk-ramp check: about half a minute of speech in one request.
+LONG_TEXT = (
+    "Once upon a time, in a village between two rivers, there lived a clockmaker who never slept. "
+    "Every night he repaired the clocks of his neighbours, and every morning he returned them, "
+    "ticking and polished, to their doorsteps. Nobody knew how he did it, and nobody asked, because "
+    "the village had never once been late for anything. Then one winter the rivers froze, the roads "
+    "closed, and the clockmaker ran out of the tiny springs he needed. So he climbed the hill behind "
+    "the church, opened the old tower clock, and took its great spring apart, one coil at a time."
+)
+LONG_FRAMES = 375  # 30 s of audio
 SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
 

@@ -15,7 +15,8 @@ import os
 import threading
 import time
 
-from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE, Meter, median, peak_rss_mb, rss_mb
+from .common import (LANGUAGE, LATENCY_TEXTS, LONG_FRAMES, LONG_TEXT, SPEAKER, TEXT, TEXT_MODE, Meter, median,
+                     peak_rss_mb, rss_mb)
 
 
 class _CallLog:
@@ -74,6 +75,27 @@ def _with_llama_repack() -> None:
     llama_cpp.llama_model_load_from_file = load
 
 
+def playback_report(arrivals: list[tuple[float, float]]) -> dict:
+    """Chunks (arrival s, duration s) played back to back from the first arrival: the stalls a
+    real-time player would hit, and the pre-buffer that avoids them all."""
+    if not arrivals:
+        return {"chunks": 0}
+    start = arrivals[0][0]
+    played_until, stalls, stalled, first_stall, queued, need = start, 0, 0.0, None, 0.0, 0.0
+    for arrival, duration in arrivals:
+        need = max(need, arrival - start - queued)  # a pre-buffer of `need` s would cover this chunk
+        if arrival > played_until + 1e-9:
+            stalls += 1
+            stalled += arrival - played_until
+            first_stall = first_stall if first_stall is not None else played_until - start
+            played_until = arrival
+        played_until += duration
+        queued += duration
+    return {"chunks": len(arrivals), "chunk_frames": [round(d * 12.5) for _, d in arrivals],
+            "audio_s": queued, "stalls": stalls, "stalled_s": stalled, "first_stall_at_s": first_stall,
+            "prebuffer_s": need, "first_audio_s": start, "last_arrival_s": arrivals[-1][0]}
+
+
 class OursSession:
     def __init__(self, model_dir: str, threads: int, frames: int, warmup_frames: int,
                  concurrency_frames: int, max_streams: int = 8,
@@ -110,19 +132,21 @@ class OursSession:
         self.log.take()
         self.peak_single = None
 
-    def _request(self, n_frames: int, seed: int):
+    def _request(self, n_frames: int, seed: int, text: str = TEXT, text_mode: str = TEXT_MODE):
         from qwen3_tts_gguf.request import SynthesisRequest
 
-        return SynthesisRequest(TEXT, self.voice, text_mode=TEXT_MODE, seed=seed, max_frames=n_frames, ignore_eos=True)
+        return SynthesisRequest(text, self.voice, text_mode=text_mode, seed=seed, max_frames=n_frames, ignore_eos=True)
 
-    @staticmethod
-    def _consume(stream, start: float, out: dict) -> None:
-        first, samples = None, 0
+    def _consume(self, stream, start: float, out: dict) -> None:
+        first, samples, arrivals = None, 0, []
         for chunk in stream:
+            now = time.perf_counter() - start
             if first is None:
-                first = time.perf_counter() - start
+                first = now
             samples += len(chunk.samples)
-        out.update(first_audio_s=first, samples=samples, done_s=time.perf_counter() - start, result=stream.result)
+            arrivals.append((now, len(chunk.samples) / self.sr))
+        out.update(first_audio_s=first, samples=samples, done_s=time.perf_counter() - start, result=stream.result,
+                   arrivals=arrivals)
 
     def single(self, rep: int) -> dict:
         self.progress(f"ours: run {rep + 1}")
@@ -151,6 +175,40 @@ class OursSession:
             "other_s": m.wall - t["talker_s"] - t["predictor_s"] - t["codec_s"],
             "rtf": m.wall / audio_s,
         }
+
+    LATENCY_CASES = (("non-streaming", False), ("non-streaming", True), ("streaming", False), ("streaming", True))
+
+    def latency(self, rep: int) -> dict:
+        """Time to first audio of a short new sentence in both text modes, with the voice's prompt
+        prefix first prefilled (the cache cleared) and then taken from the prefix cache."""
+        self.progress(f"ours: time to first audio, run {rep + 1}")
+        cases = {}
+        for j, (mode, cached) in enumerate(self.LATENCY_CASES):
+            if not cached:
+                self.engine.clear_prefix_cache()
+            text = LATENCY_TEXTS[(rep * len(self.LATENCY_CASES) + j) % len(LATENCY_TEXTS)]
+            out = {}
+            with Meter() as m:
+                self._consume(self.engine.submit(self._request(2, 1000 + rep, text, mode)), time.perf_counter(), out)
+            calls = self.log.take()
+            first = {stage: next((d for s_, d, *_ in calls if s_ == stage), None)
+                     for stage in ("talker", "predictor", "codec")}
+            prefill_rows = next((rows for s_, _, rows, _ in calls if s_ == "talker"), None)
+            cases[f"{mode}/{'cached' if cached else 'cold'}"] = {
+                "first_audio_s": out["first_audio_s"], "prefill_s": first["talker"], "prefill_rows": prefill_rows,
+                "predictor_s": first["predictor"], "codec_s": first["codec"], "background": m.background}
+        return {"cases": cases, "prefix_hits": self.engine.stats.get("prefix_hits")}
+
+    def playback(self) -> dict:
+        """One request of about 30 s of audio: when each chunk arrives against when a player that
+        starts at the first chunk needs it (the 1 -> 2 -> 4 -> 8 frame ramp against underruns)."""
+        self.progress("ours: 30 s text, playback check")
+        out = {}
+        with Meter() as m:
+            self._consume(self.engine.submit(self._request(LONG_FRAMES, 7, LONG_TEXT)), time.perf_counter(), out)
+        self.log.take()
+        return {**playback_report(out["arrivals"]), **m.as_dict(), "frames": out["result"].frames,
+                "rtf": m.wall / (out["samples"] / self.sr)}
 
     def isolated(self, steps: int = 16) -> dict:
         """Each stage alone, outside the engine loop (the engine thread is idle): the same objects and

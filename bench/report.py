@@ -333,6 +333,11 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
           "ONNX call for the 15 codebooks of a frame, sampling in the graph; codec = stateful ONNX decoder time "
           "divided by frames. Peak RSS is the worker process's (weights are memory-mapped or loaded once).\n")
 
+    if head and head.get("latency"):
+        _render_latency(w, head, head_q, head_cp, head_t)
+    if head and _ok(head.get("playback")):
+        _render_playback(w, head["playback"], head_q, head_cp, head_t)
+
     # -- concurrency ---------------------------------------------------------------------
     conc_runs = [(k, r) for k, r in entry.get("ours", {}).items() if _ok(r) and r.get("concurrency")]
     if conc_runs:
@@ -352,6 +357,27 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
                   f"{_f(c['first_audio_s_median'], 2)} / {_f(c['first_audio_s_max'], 2)} | {_f(c.get('talker_call_ms'))} | "
                   f"{_f(c.get('predictor_call_ms'))} (batch {_f(c.get('predictor_batch'), 0)}) | {_f(codec_pf)} | "
                   f"{_mb(r.get('peak_rss_mb'))} | {100 * c['background']:.0f} % |")
+        w("")
+        w("Scaling against one stream (same configuration, same run): *talker + code predictor* = N × (talker step "
+          "+ code predictor call at 1 stream) / (talker + code predictor per iteration at N streams), the work the "
+          "batched calls share; *end to end* = aggregate RTF at 1 stream / aggregate RTF at N (the codec runs per "
+          "stream, so it does not batch).\n")
+        w("| talker | code predictor | streams | talker + code predictor throughput vs 1 stream | end to end vs 1 stream |")
+        w("|---|---|---|---|---|")
+        for k, r in conc_runs:
+            quant, cp, t = _split(k)
+            by_n = {c["streams"]: c for c in r["concurrency"]}
+            one = by_n.get(1)
+            if not one:
+                continue
+            for n, c in sorted(by_n.items()):
+                if n == 1:
+                    continue
+                shared = None
+                if all(x.get(f) for x in (one, c) for f in ("talker_call_ms", "predictor_call_ms")):
+                    shared = n * (one["talker_call_ms"] + one["predictor_call_ms"]) / (
+                        c["talker_call_ms"] + c["predictor_call_ms"])
+                w(f"| {quant} | {cp} | {n} | {_f(shared, 2)}× | {_x(one['aggregate_rtf'], c['aggregate_rtf'], 2)} |")
         w("")
 
     # -- http ----------------------------------------------------------------------------
@@ -411,3 +437,59 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
               f"profiled run): " + ", ".join(f"{op} {100 * t / tot:.0f} %" for op, t in top)
               + f". Convolutions achieve about {cc['flops_per_frame'] / 1e9 / conv_t:.0f} GFLOP/s "
                 f"(all {cc['flops_per_frame'] / 1e9:.1f} GFLOP per frame over the convolution time).\n")
+
+
+def _render_latency(w, head: dict, quant: str, cp: str, threads: str) -> None:
+    runs = [r["cases"] for r in head["latency"] if _ok(r)]
+    if not runs:
+        return
+    w(f"### Time to first audio (talker {quant}, code predictor {cp}, {threads} threads)\n")
+    w("A short sentence the engine has not seen (a new one each run), speaker ryan, `Engine.submit` → first "
+      "`AudioChunk` (one frame, 80 ms of audio) in the caller's hand. *Cold*: the voice's prompt prefix (role, "
+      "speaker and language rows) is prefilled with the request (prefix cache cleared first); *cached*: the "
+      "same voice's previous request left its prefix in the KV cache, so only the rows after it are prefilled. "
+      "Non-streaming text mode puts the whole text in the prompt (the HTTP default for CustomVoice); streaming text "
+      "mode (the WebSocket and `stream_format` live text) puts only the first text token there.\n")
+    w("| text mode | voice prefix | time to first audio, s | prefill rows | prefill, ms | first code predictor call, ms "
+      "| first codec call (1 frame), ms | rest (prompt build, queueing), ms | target | bg |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    targets = {"streaming/cold": "≤ 0.250", "streaming/cached": "≤ 0.150"}
+    for case in runs[0]:
+        rs = [r[case] for r in runs if case in r]
+        ttfa = _med(rs, "first_audio_s")
+        parts = [_med(rs, k) for k in ("prefill_s", "predictor_s", "codec_s")]
+        rest = ttfa - sum(parts) if ttfa is not None and None not in parts else None
+        mode, prefix = case.split("/")
+        w(f"| {mode} | {prefix} | {_f(ttfa, 3)} ({_f(_best(rs, 'first_audio_s'), 3)}) | "
+          f"{_f(_med(rs, 'prefill_rows'), 0)} | {_ms(parts[0])} | {_ms(parts[1])} | {_ms(parts[2])} | {_ms(rest)} | "
+          f"{targets.get(case, 'report')} | {_bg(rs)} |")
+    w("")
+    w(f"Median (best) of {len(runs)} runs. The first frame needs the prefill (its last row gives codebook 0), one "
+      "code predictor call (codebooks 1-15) and one codec call; the engine emits a due chunk before the next "
+      "talker step, so that step is not part of the latency.\n")
+
+
+def _render_playback(w, pb: dict, quant: str, cp: str, threads: str) -> None:
+    w(f"### Playback of a 30 s text (talker {quant}, code predictor {cp}, {threads} threads)\n")
+    frames = pb.get("chunk_frames") or []
+    ramp = " → ".join(str(f) for f in frames[:6]) + (" …" if len(frames) > 6 else "")
+    w(f"One request of {pb.get('frames')} frames ({_f(pb.get('audio_s'), 1)} s of audio), chunks of {ramp} frames. "
+      "A player that starts at the first chunk and plays at real time:\n")
+    w("| | |\n|---|---|")
+    w(f"| first audio, s | {_f(pb.get('first_audio_s'), 2)} |")
+    w(f"| real-time factor of the request | {_f(pb.get('rtf'), 2)} |")
+    w(f"| stalls (a chunk arrives after the previous one finished playing) | {pb.get('stalls')} |")
+    w(f"| total stall time, s | {_f(pb.get('stalled_s'), 1)} |")
+    first = pb.get("first_stall_at_s")
+    w(f"| first stall, s of audio played | {'none' if first is None else _f(first, 2)} |")
+    w(f"| pre-buffer that avoids every stall, s | {_f(pb.get('prebuffer_s'), 2)} |")
+    w(f"| background load | {100 * pb.get('background', 0):.0f} % |")
+    w("")
+    rtf = pb.get("rtf") or 0
+    if rtf > 1:
+        w(f"At a real-time factor of {rtf:.2f} on this machine, generation is slower than playback, so no chunk "
+          "schedule can avoid stalls for one stream: a player must buffer about (RTF − 1) × duration up front "
+          "(the last row). The ramp only decides how early the first sample plays.\n")
+    else:
+        w("Generation keeps ahead of playback: with the pre-buffer of the last row (0 = none) no chunk arrives "
+          "after the player needs it.\n")

@@ -101,6 +101,10 @@ def _session(kind: str, params: dict) -> int:
                 send(session.single(op["rep"]))
             elif op["op"] == "isolated":
                 send(session.isolated())
+            elif op["op"] == "latency":
+                send(session.latency(op["rep"]))
+            elif op["op"] == "playback":
+                send(session.playback())
             elif op["op"] == "concurrency":
                 send(session.concurrency(op["n"]))
             elif op["op"] == "summary":

@@ -279,6 +279,7 @@ class Engine:
         first = self.settings.max_streams
         self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
         self.stats["prefix_hits"] = 0
+        self._forget_prefixes = False
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -337,6 +338,13 @@ class Engine:
         with self._wake:
             self._wake.notify_all()
 
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached voice prefix (the engine thread frees their KV cells before it
+        admits the next request), e.g. to measure a voice's first request."""
+        with self._wake:
+            self._forget_prefixes = True
+            self._wake.notify_all()
+
     @property
     def running(self) -> bool:
         return self._thread is not None and not self._stopping
@@ -368,6 +376,11 @@ class Engine:
                     self._drop_cancelled_waiting()
                 if self._stopping:
                     break
+                if self._forget_prefixes:
+                    for seq, _ in self._prefixes.values():
+                        self.model.talker.drop(seq)
+                    self._prefixes.clear()
+                    self._forget_prefixes = False
                 admitted = self._admit()
             try:
                 self._iterate(admitted)

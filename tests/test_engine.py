@@ -272,6 +272,10 @@ def test_voice_prefix_is_cached_and_reused(converted_factory):
             live.close_text()
             list(live)
             assert engine.stats["prefix_hits"] == hits + (1 if slots else 0)
+            engine.clear_prefix_cache()  # the next request prefills its prefix again, same codes
+            again = run(engine, requests[0])[0].codes
+            assert engine.stats["prefix_hits"] == hits + (1 if slots else 0)
+            np.testing.assert_array_equal(again, results[slots][0])
         model.close()
         assert hits == (2 if slots else 0)
     for a, b in zip(results[0], results[4]):
