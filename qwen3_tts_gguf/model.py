@@ -38,7 +38,7 @@ class LoadedModel:
         from .codec import CodecDecoder
         from .embeddings import EmbeddingTables
         from .predictor import CodePredictor
-        from .talker import Talker, TalkerSettings
+        from .talker import Talker, TalkerSettings, repack_pays
 
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
@@ -52,7 +52,9 @@ class LoadedModel:
         self.talker = Talker(self.folder / TALKER_FILE, TalkerSettings(
             n_ctx=settings.n_ctx, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
             threads=threads,
-            gpu_layers=settings.gpu_layers, deterministic=settings.deterministic))
+            gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
+            repack=repack_pays(self.manifest.quant, deterministic=settings.deterministic,
+                               gpu_layers=settings.gpu_layers)))
         try:
             self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads, device=settings.device)
             self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads, device=settings.device)

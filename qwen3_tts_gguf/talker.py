@@ -6,7 +6,9 @@ state after the final RMSNorm, which is exactly what the code predictor consumes
 
 CPU note: the default (-march=native) build repacks q8_0 weights into AMX buffers and then crashes
 on any batch of more than one token (shared/docs/runtime-notes.md §2.4). Every prefill and every
-multi-stream step is such a batch, so the extra buffer types are always disabled on the CPU.
+multi-stream step is such a batch, so the extra buffer types (llama.cpp's weight repacking) are
+off unless `TalkerSettings.repack` asks for them, which `repack_pays` allows only on a CPU known
+to have no AMX and for a quant whose repacked kernels measured faster.
 """
 
 from __future__ import annotations
@@ -19,6 +21,29 @@ from pathlib import Path
 import numpy as np
 
 _LOG_CALLBACK = None  # llama.cpp keeps a raw pointer: the ctypes callback must stay alive
+
+# Talker quants whose repacked CPU kernels are faster (0.6B, 2 AVX-512 cores, ms per decode:
+# q4_k_m one row 13.4 -> 11.3, 4 streams 43.5 -> 33.9, 8 streams 67.8 -> 58.4; q8_0 has no gain
+# and its 24-row prefill slows 156 -> 185).
+REPACK_QUANTS = ("q4_k_m",)
+
+
+def cpu_has_amx() -> bool | None:
+    """Whether this CPU has AMX tiles (Linux /proc/cpuinfo); None where that cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_tile" in line.split()
+    except OSError:
+        pass
+    return None
+
+
+def repack_pays(quant: str, *, deterministic: bool = False, gpu_layers: int = 0) -> bool:
+    """Whether to let llama.cpp repack the talker's weights: a K-quant it speeds up, on a CPU that
+    is known to lack AMX (the AMX q8_0 crash), never in the parity profile or with offloading."""
+    return not deterministic and not gpu_layers and quant in REPACK_QUANTS and cpu_has_amx() is False
 
 
 def quiet_llama_logs() -> None:
@@ -51,6 +76,7 @@ class TalkerSettings:
     threads: int = 0  # 0: all cores
     gpu_layers: int = 0  # >0 offloads layers on a CUDA/Vulkan build of llama-cpp-python
     deterministic: bool = False
+    repack: bool = False  # llama.cpp's extra buffer types (weight repacking); see `repack_pays`
 
 
 @dataclass(frozen=True)
@@ -77,7 +103,7 @@ class Talker:
         self.settings = settings
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = settings.gpu_layers
-        mp.use_extra_bufts = False  # the AMX/q8_0 multi-token crash; see module docstring
+        mp.use_extra_bufts = settings.repack  # off by default: the AMX/q8_0 crash, see the module docstring
         self._model = L.llama_model_load_from_file(str(gguf_path).encode(), mp)
         if not self._model:
             raise TalkerError(f"llama.cpp could not load the talker {gguf_path}")

@@ -10,7 +10,7 @@ from qwen3_tts_gguf.convert.talker_gguf import gguf_tensor_types, write_talker_g
 from qwen3_tts_gguf.convert.text_tables import write_text_tables
 from qwen3_tts_gguf.embeddings import EmbeddingTables
 from qwen3_tts_gguf.safetensors_io import SafetensorsFile, bf16_to_f32, write_safetensors
-from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings
+from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings, cpu_has_amx
 from qwen3_tts_gguf.tokenizer import TextTokenizer, official_pretokenizer
 from tests.reference.runner import load_official, talker_forward, text_rows
 
@@ -99,17 +99,25 @@ def test_quantized_talker_agreement(tiny_cv, tmp_path, quant, record_property):
     talker.close()
 
 
-def test_k_quants_apply_on_256_wide_rows(checkpoint_factory, tmp_path):
+@pytest.mark.parametrize("repack", [False, True])
+def test_k_quants_apply_on_256_wide_rows(checkpoint_factory, tmp_path, repack):
+    """q4_k_m as loaded plainly and with llama.cpp's repacked kernels (the fast profile's choice
+    on CPUs without AMX): both agree with the official forward, one row and several at once."""
+    if repack and cpu_has_amx() is not False:
+        pytest.skip("repacking is only used on CPUs known to lack AMX")
     small = checkpoint_factory("small_cv")
     ckpt = Checkpoint.open(small)
     write_talker_gguf(ckpt, tmp_path / "talker.gguf", "q4_k_m")
     types = gguf_tensor_types(tmp_path / "talker.gguf")
     assert {"Q4_K", "Q6_K"} & set(types.values()), types
-    talker = Talker(tmp_path / "talker.gguf", TalkerSettings(n_ctx=128, max_streams=1))
+    talker = Talker(tmp_path / "talker.gguf", TalkerSettings(n_ctx=128, max_streams=2, repack=repack))
     rows = np.random.default_rng(3).standard_normal((5, talker.hidden_size)).astype(np.float32)
     logits, _ = talker.decode([DecodeItem(0, 0, rows)])
     ref_logits, _ = talker_forward(small, rows)
     assert _rel_rms(logits[0], ref_logits[-1]) < QUANT_REL_RMS["q4_k_m"]
+    for k in range(1, 5):  # the same rows one at a time (single-row kernels) in another sequence
+        step, _ = talker.decode([DecodeItem(1, k - 1, rows[k - 1:k])])
+        assert _rel_rms(step[0], ref_logits[k - 1]) < QUANT_REL_RMS["q4_k_m"]
     talker.close()
 
 
@@ -164,3 +172,13 @@ def test_tokenizer_equals_official_processor(tiny_cv):
     # the trap: the official pipeline splits CamelCase words, stock Qwen2 BPE does not
     stock = TextTokenizer(tiny_cv, "qwen2")
     assert len(ours.encode(CAMEL)) == len(stock.encode(CAMEL)) + 3
+
+
+def test_repack_only_for_measured_quants_on_cpus_without_amx():
+    from qwen3_tts_gguf.talker import repack_pays
+
+    assert not repack_pays("q8_0")  # no gain, slower prefill
+    assert not repack_pays("f32") and not repack_pays("f16")
+    assert not repack_pays("q4_k_m", deterministic=True)  # the parity profile keeps one kernel path
+    assert not repack_pays("q4_k_m", gpu_layers=10)
+    assert repack_pays("q4_k_m") == (cpu_has_amx() is False)
