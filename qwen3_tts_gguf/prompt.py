@@ -50,10 +50,31 @@ class VoiceSpec:
     reference: ReferencePrompt | None = None  # in-context clone (Base models)
 
 
+class TrailingRows:
+    """Text rows that trail a streaming-mode prompt, one per decode step: E_txt of `ids`, then
+    `last` (the EOS row). A row is projected when its step asks for it, so a request's first audio
+    never waits for the projection of text it speaks later. `np.asarray` gives all rows [M, H]."""
+
+    def __init__(self, tables: EmbeddingTables, ids: list[int], last: np.ndarray):
+        self._tables, self._ids, self._last = tables, list(ids), last
+
+    def __len__(self) -> int:
+        return len(self._ids) + 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._last if i == len(self._ids) else self._tables.text_rows([self._ids[i]])[0]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        rows = np.concatenate([self._tables.text_rows(self._ids), self._last[None]])
+        return rows if dtype is None else rows.astype(dtype)
+
+
 @dataclass
 class Prompt:
     rows: np.ndarray  # [L, H] prefill rows
-    trailing: np.ndarray  # [M, H] text rows added to decode steps 0..M-1
+    trailing: np.ndarray | TrailingRows  # [M, H] text rows added to decode steps 0..M-1
     pad_row: np.ndarray  # [H] text part of every later decode step
     text_tokens: int  # number of text tokens of the body (usage accounting)
     prefix_len: int = 0  # leading rows that depend only on the voice (rows[:prefix_len] == prefix_rows)
@@ -98,6 +119,13 @@ class PromptBuilder:
         """Body token ids, sliced from the official assistant template (ids[3:-5])."""
         ids = self.tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
         return ids[3:-5]
+
+    def body_ids(self, text: str) -> list[int]:
+        """`text_ids` of a text that must say something; raises PromptError for empty text."""
+        body = self.text_ids(text) if text.strip() else []
+        if not body:
+            raise PromptError("input text is empty")
+        return body
 
     def role_ids(self) -> list[int]:
         return self.tokenizer.encode("<|im_start|>assistant\n")[:3]
@@ -160,23 +188,21 @@ class PromptBuilder:
         """
         if text_mode not in TEXT_MODES:
             raise PromptError(f"unknown text mode {text_mode!r}; choose non-streaming or streaming")
-        body = self.text_ids(text)
-        if not text.strip() or not body:
-            raise PromptError("input text is empty")
+        body = self.body_ids(text)
         prefix = self.prefix_rows(voice)
         ref_ids, codec_rows = self.reference_track(voice)
-        text_rows = np.concatenate([self.tables.text_rows(ref_ids + body), self.eos_row[None]])
-        empty = np.zeros((0, prefix.shape[1]), np.float32)
-        if text_mode == "non-streaming":
-            codec_pad = self.tables.codec_rows([self.manifest.codec_ids["pad"]])[0]
-            rows = np.concatenate([prefix, text_rows + codec_pad, codec_rows + self.pad_row])
-            trailing = empty
-        elif len(text_rows) > len(codec_rows):
-            rows = np.concatenate([prefix, text_rows[:len(codec_rows)] + codec_rows])
-            trailing = text_rows[len(codec_rows):]
+        ids, paired = ref_ids + body, len(codec_rows)
+        trailing = np.zeros((0, prefix.shape[1]), np.float32)
+        if text_mode == "streaming" and len(ids) >= paired:  # text outlasts the codec rows: the rest trails
+            rows = np.concatenate([prefix, self.tables.text_rows(ids[:paired]) + codec_rows])
+            trailing = TrailingRows(self.tables, ids[paired:], self.eos_row)
         else:
-            padded = np.concatenate([text_rows, np.repeat(self.pad_row[None], len(codec_rows) - len(text_rows), 0)])
-            rows = np.concatenate([prefix, padded + codec_rows])
-            trailing = empty
-        return Prompt(rows=rows.astype(np.float32), trailing=trailing.astype(np.float32),
-                      pad_row=self.pad_row, text_tokens=len(body), prefix_len=len(prefix))
+            text_rows = np.concatenate([self.tables.text_rows(ids), self.eos_row[None]])
+            if text_mode == "non-streaming":
+                codec_pad = self.tables.codec_rows([self.manifest.codec_ids["pad"]])[0]
+                rows = np.concatenate([prefix, text_rows + codec_pad, codec_rows + self.pad_row])
+            else:
+                pad = np.repeat(self.pad_row[None], paired - len(text_rows), 0)
+                rows = np.concatenate([prefix, np.concatenate([text_rows, pad]) + codec_rows])
+        return Prompt(rows=rows.astype(np.float32), trailing=trailing, pad_row=self.pad_row,
+                      text_tokens=len(body), prefix_len=len(prefix))

@@ -1,11 +1,12 @@
 """The engine worker: one thread owns llama.cpp and ONNX Runtime and steps every stream together.
 
 Each iteration (continuous batching; one stream is the special case):
-  1. drop cancelled streams; admit waiting requests into free slots (their prompt rows join step 4);
+  1. drop cancelled streams; admit waiting requests into free slots (their prompt rows join step 5);
   2. sample codebook 0 of every stream that can step; EOS or a limit ends a stream (or its segment);
   3. one batched code-predictor call for all of them -> codebooks 1..15 + the next input rows;
-  4. one multi-sequence talker decode: new prompts and every stream's next row;
-  5. each stream's codec state decodes its pending frames once a chunk is full (1, 2, 4, 8, 8, ...).
+  4. each stream's codec state decodes its pending frames once a chunk is full (1, 2, 4, 8, 8, ...),
+     before the talker step, so a chunk's latency does not include it;
+  5. one multi-sequence talker decode: new prompts and every stream's next row.
 A stream whose text arrives live (`open_text_stream`) and whose next text row has not arrived
 simply does not step: it keeps its state and goes on when the text comes. Audio leaves as float32
 chunks on a per-request queue (asyncio or thread); a slow reader never blocks the worker. The
@@ -21,6 +22,8 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,10 +47,17 @@ class EngineStopped(RuntimeError):
 
 
 class _FixedText:
-    """Text known up front: one prompt per segment (long input is split at sentence ends)."""
+    """Text known up front: one prompt per segment (long input is split at sentence ends).
 
-    def __init__(self, prompts: list[Prompt]):
-        self.prompts = prompts
+    The first segment's prompt is built at submit (its errors reach the caller); each later one is
+    built in the background while the segment before it speaks (`prepare` returns a Future), so
+    neither the first audio nor the engine loop waits for the text rows of a long input."""
+
+    def __init__(self, segments: list[str], tokens: list[int], build: Callable[[str], Prompt],
+                 prepare: Callable[[str], Future]):
+        self._segments, self._tokens, self._prepare = segments, tokens, prepare
+        self.prompts = [build(segments[0])]
+        self._next = prepare(segments[1]) if len(segments) > 1 else None
         self.segment = 0
 
     @property
@@ -74,16 +84,19 @@ class _FixedText:
         return p.trailing[step] if step < len(p.trailing) else p.pad_row
 
     def segment_tokens(self) -> int:
-        return self.prompt.text_tokens
+        return self._tokens[self.segment]
 
     @property
     def text_tokens(self) -> int:
-        return sum(p.text_tokens for p in self.prompts)
+        return sum(self._tokens)
 
     def next_segment(self) -> bool:
-        if self.segment + 1 >= len(self.prompts):
+        if self._next is None:
             return False
+        self.prompts.append(self._next.result())  # segments were validated at submit
         self.segment += 1
+        following = self.segment + 1
+        self._next = self._prepare(self._segments[following]) if following < len(self._segments) else None
         return True
 
 
@@ -280,11 +293,13 @@ class Engine:
         self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
         self.stats["prefix_hits"] = 0
         self._forget_prefixes = False
+        self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
         if self._thread is None:
             self._stopping = False
+            self._prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-prompts")
             self._thread = threading.Thread(target=self._run, name="qwen3-tts-engine", daemon=True)
             self._thread.start()
         return self
@@ -296,6 +311,9 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._prompt_pool is not None:
+            self._prompt_pool.shutdown(wait=False, cancel_futures=True)
+            self._prompt_pool = None
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -309,8 +327,14 @@ class Engine:
         self._check_request(request)
         text_mode = request.text_mode or self.model.manifest.default_text_mode
         segments = split_segments(request.text, self.settings.max_segment_chars) or [request.text]
-        prompts = [self.model.prompts.build(text, request.voice, text_mode) for text in segments]
-        return self._enqueue(Stream(request, _FixedText(prompts), loop, on_cancel=self._notify))
+        builder = self.model.prompts
+        tokens = [len(builder.body_ids(text)) for text in segments]  # every segment checked now (cheap)
+
+        def build(text: str) -> Prompt:
+            return builder.build(text, request.voice, text_mode)
+
+        text = _FixedText(segments, tokens, build, lambda t: self._prompt_pool.submit(build, t))
+        return self._enqueue(Stream(request, text, loop, on_cancel=self._notify))
 
     def open_text_stream(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
         """A streaming-text-mode stream whose text arrives later through `push_text`/`close_text`.
