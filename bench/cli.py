@@ -211,7 +211,7 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (2 + (1 if do_http else 0))
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0))
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -334,6 +334,11 @@ def run(args) -> dict:
                     entry["ours"][key]["error"] = summary["error"]
                 bar.update()
             entry["models"] = {f"{q}/{cp}": str(f.relative_to(ROOT)) for (q, cp), f in folders.items()}
+            step(f"{shape}: agreement of the quantized paths")
+            if budget.allows(f"{shape} agreement", 40):
+                entry["agreement"] = one_shot(progress, "agreement", {
+                    "folders": {k: str(ROOT / v) for k, v in entry["models"].items()}, "threads": threads}, 900)
+            bar.update()
             if do_http:
                 step(f"{shape}: HTTP server")
                 est = 15 + (plan["http_reps"] + 1) * (entry["ours"].get(entry["headline"], {})

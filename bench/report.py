@@ -380,6 +380,9 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
                 w(f"| {quant} | {cp} | {n} | {_f(shared, 2)}× | {_x(one['aggregate_rtf'], c['aggregate_rtf'], 2)} |")
         w("")
 
+    if _ok(entry.get("agreement")):
+        _render_agreement(w, entry["agreement"])
+
     # -- http ----------------------------------------------------------------------------
     w("### Through the HTTP server\n")
     http = entry.get("http")
@@ -493,3 +496,25 @@ def _render_playback(w, pb: dict, quant: str, cp: str, threads: str) -> None:
     else:
         w("Generation keeps ahead of playback: with the pre-buffer of the last row (0 = none) no chunk arrives "
           "after the player needs it.\n")
+
+
+def _render_agreement(w, ag: dict) -> None:
+    w("### Agreement of the quantized paths\n")
+    ref = ag.get("reference_quant")
+    w(f"Talker quants against the {ref} talker: the headline prompt, then {ag.get('steps', 0) - 1} teacher-forced "
+      f"frames, every quant decoding the same rows one step at a time. Code predictor against fp32: greedy, fed the "
+      f"{ref} talker's hidden states and codebook-0 codes of those steps. Random weights give small logit margins, "
+      "so these agreements are pessimistic; real checkpoints must be measured again.\n")
+    w("| path | against | codebook 0 / first code equal | all 15 codes equal | logits, relative RMS error (median) |")
+    w("|---|---|---|---|---|")
+    for quant, a in ag.get("talker", {}).items():
+        w(f"| talker {quant} | talker {ref} | {100 * a['code0_agree']:.1f} % | | {100 * a['logits_rel_rms_median']:.2f} % |")
+    for cp, a in ag.get("code_predictor", {}).items():
+        w(f"| code predictor {cp} | code predictor fp32 | {100 * a['first_code_agree']:.1f} % | "
+          f"{100 * a['all_codes_agree']:.1f} % | {100 * a['first_logits_rel_rms_median']:.2f} % (first step) |")
+    c = ag.get("codec")
+    if c:
+        snr = "exact" if c.get("snr_db") is None else f"SNR {c['snr_db']:.0f} dB"
+        w(f"| codec, chunks of {' + '.join(str(n) for n in c['chunks'])} frames | one call over the same "
+          f"{c['frames']} frames | | | {snr}, max abs difference {c['max_abs_diff']:.1e} |")
+    w("")

@@ -2,7 +2,8 @@
 official pipeline, llama.cpp + ONNX Runtime for ours) never mix.
 
 One-shot tasks: `python -m bench.worker TASK PARAMS_JSON OUT_JSON` with TASK machine (bandwidth,
-GFLOP/s), costs (bytes/FLOPs of a model folder) or http (the HTTP server).
+GFLOP/s), costs (bytes/FLOPs of a model folder), agreement (quantized paths against precise ones)
+or http (the HTTP server).
 
 Sessions: `python -m bench.worker session ours|official PARAMS_JSON` loads a model once, answers
 `{"ready": ...}`, then runs one operation per JSON line read from stdin (`{"op": "single",
@@ -54,6 +55,10 @@ def _one_shot(task: str, params: dict, out: Path) -> int:
             wait_for_quiet(params.get("quiet_s", 0.0))  # the ORT profile is a timing too
             result = model_costs(params["model_dir"], params["threads"], params.get("profile", True),
                                  params.get("predictor_dirs"))
+        elif task == "agreement":
+            from bench.agreement import measure
+
+            result = measure(params["folders"], params["threads"])
         elif task == "http":
             from bench.http_ttfa import run
 

@@ -1,0 +1,113 @@
+"""How closely the quantized paths follow the precise ones, on the benchmark models.
+
+Talker quants against f16 (the bench's widest talker; the tests hold q8_0 and q4_k_m against f32
+on tiny models): the real prompt, then teacher-forced frames, each quant decoding the same rows
+one step at a time; per step the codebook-0 argmax and the logits' relative RMS error.
+Code predictor int8/int4 against fp32: greedy, fed the f16 talker's hidden states and codebook-0
+codes of those steps; the first code (same inputs) and all 15 (each precision follows its own
+draws, so one early difference changes the rest). Codec: chunked decoding (the engine's
+1, 2, 4, 8 ramp) against one call over the same codes, as an SNR.
+
+Random weights have small logit margins, so these agreements are pessimistic; real checkpoints
+must be measured again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE
+
+STEPS = 48  # teacher-forced talker steps after the prompt
+CHUNKS = (1, 2, 4, 8, 8, 8, 8, 9)  # 48 frames as the engine emits them
+
+
+def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))
+
+
+def _talker_run(folder: Path, quant: str, rows: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Logits and hidden states after each of the last STEPS+1 rows, decoded one row at a time."""
+    from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings, repack_pays
+
+    talker = Talker(folder / "talker.gguf", TalkerSettings(n_ctx=512, max_streams=1, threads=threads,
+                                                             repack=repack_pays(quant)))
+    try:
+        prompt = len(rows) - STEPS
+        logits, hidden = talker.decode([DecodeItem(0, 0, rows[:prompt])])
+        out_l, out_h = [logits[0]], [hidden[0]]
+        for i in range(prompt, len(rows)):
+            logits, hidden = talker.decode([DecodeItem(0, i, rows[i:i + 1])])
+            out_l.append(logits[0])
+            out_h.append(hidden[0])
+        return np.stack(out_l), np.stack(out_h)
+    finally:
+        talker.close()
+
+
+def measure(folders: dict[str, str], threads: int) -> dict:
+    """`folders`: {"quant/cp": model folder} as the orchestrator converted them."""
+    from qwen3_tts_gguf.codec import CodecDecoder
+    from qwen3_tts_gguf.embeddings import EmbeddingTables
+    from qwen3_tts_gguf.manifest import load_manifest
+    from qwen3_tts_gguf.predictor import CodePredictor
+    from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
+    from qwen3_tts_gguf.sampler import SamplingParams, pack
+    from qwen3_tts_gguf.tokenizer import TextTokenizer
+
+    folders = {k: Path(v) for k, v in folders.items()}
+    talkers = {k.split("/")[0]: f for k, f in folders.items()}
+    predictors = {k.split("/")[1]: f for k, f in folders.items() if k.startswith("q8_0/")}
+    ref_quant = "f16" if "f16" in talkers else sorted(talkers)[0]
+    ref = talkers[ref_quant]
+    manifest = load_manifest(ref)
+    tables = EmbeddingTables(ref / "text_tables.safetensors")
+    prompts = PromptBuilder(manifest, TextTokenizer(ref, manifest.tokenizer["pretokenizer"]), tables)
+    prompt = prompts.build(TEXT, VoiceSpec(speaker=SPEAKER, language=LANGUAGE), TEXT_MODE)
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 2048, (STEPS, 16))
+    rows = np.concatenate([prompt.rows, tables.frame_rows(codes) + prompt.pad_row]).astype(np.float32)
+
+    out: dict = {"reference_quant": ref_quant, "steps": STEPS + 1, "talker": {}, "code_predictor": {}}
+    ref_logits, ref_hidden = _talker_run(ref, ref_quant, rows, threads)
+    ref_code0 = ref_logits.argmax(-1)
+    for quant, folder in talkers.items():
+        if quant == ref_quant:
+            continue
+        logits, _ = _talker_run(folder, quant, rows, threads)
+        out["talker"][quant] = {
+            "code0_agree": float((logits.argmax(-1) == ref_code0).mean()),
+            "logits_rel_rms_median": float(np.median([_rel_rms(a, b) for a, b in zip(logits, ref_logits)])),
+        }
+
+    if "fp32" in predictors:
+        n = len(ref_hidden)
+        feeds = {"hidden": ref_hidden.astype(np.float32), "code0": ref_code0.astype(np.int64),
+                 "rand": np.zeros((n, 15), np.float32), **pack(SamplingParams(greedy=True), n)}
+        runs = {cp: CodePredictor(f / "code_predictor.onnx", threads=threads).session.run(["codes", "logits"], feeds)
+                for cp, f in predictors.items()}
+        ref_codes, ref_cp_logits = runs["fp32"]
+        for cp, (cp_codes, cp_logits) in runs.items():
+            if cp == "fp32":
+                continue
+            out["code_predictor"][cp] = {
+                "first_code_agree": float((cp_codes[:, 0] == ref_codes[:, 0]).mean()),
+                "all_codes_agree": float((cp_codes == ref_codes).mean()),
+                "first_logits_rel_rms_median": float(np.median(
+                    [_rel_rms(a, b) for a, b in zip(cp_logits[:, 0], ref_cp_logits[:, 0])])),
+            }
+
+    codec = CodecDecoder(ref / "codec_decoder.onnx", threads=threads)
+    whole = codec.decode_all(codes)
+    parts, state, start = [], None, 0
+    for n in CHUNKS:
+        wav, state = codec.decode(codes[start:start + n], state)
+        parts.append(wav)
+        start += n
+    chunked = np.concatenate(parts)
+    noise = float(np.mean((chunked - whole) ** 2))
+    out["codec"] = {"frames": len(codes), "chunks": list(CHUNKS), "max_abs_diff": float(np.abs(chunked - whole).max()),
+                    "snr_db": float(10 * np.log10(np.mean(whole ** 2) / noise)) if noise > 0 else None}
+    return out
