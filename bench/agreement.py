@@ -30,19 +30,12 @@ def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
 
 def _talker_run(folder: Path, quant: str, rows: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """Logits and hidden states after each of the last STEPS+1 rows, decoded one row at a time."""
-    from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings, repack_pays
+    from qwen3_tts_gguf.talker import Talker, TalkerSettings, repack_pays
 
     talker = Talker(folder / "talker.gguf", TalkerSettings(n_ctx=512, max_streams=1, threads=threads,
                                                              repack=repack_pays(quant)))
     try:
-        prompt = len(rows) - STEPS
-        logits, hidden = talker.decode([DecodeItem(0, 0, rows[:prompt])])
-        out_l, out_h = [logits[0]], [hidden[0]]
-        for i in range(prompt, len(rows)):
-            logits, hidden = talker.decode([DecodeItem(0, i, rows[i:i + 1])])
-            out_l.append(logits[0])
-            out_h.append(hidden[0])
-        return np.stack(out_l), np.stack(out_h)
+        return talker.decode_steps(0, rows, len(rows) - STEPS)
     finally:
         talker.close()
 

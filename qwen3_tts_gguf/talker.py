@@ -165,6 +165,18 @@ class Talker:
             self._run(n, pending, logits, hidden)
         return logits, hidden
 
+    def decode_steps(self, seq: int, rows: np.ndarray, n_prefill: int) -> tuple[np.ndarray, np.ndarray]:
+        """Teacher forcing (tests, benchmarks): rows[:n_prefill] in one decode, then one decode per
+        later row, into sequence `seq` from position 0. Returns logits [k, V] and hidden [k, H]
+        after the prefill and after each step (k = len(rows) - n_prefill + 1)."""
+        logits, hidden = self.decode([DecodeItem(seq, 0, rows[:n_prefill])])
+        out_l, out_h = [logits[0]], [hidden[0]]
+        for i in range(n_prefill, len(rows)):
+            logits, hidden = self.decode([DecodeItem(seq, i, rows[i:i + 1])])
+            out_l.append(logits[0])
+            out_h.append(hidden[0])
+        return np.stack(out_l), np.stack(out_h)
+
     def _run(self, n: int, pending, logits: np.ndarray, hidden: np.ndarray) -> None:
         L = self._L
         self._batch.n_tokens = n

@@ -31,24 +31,13 @@ def ckpt_dir(request, checkpoint_factory):
     return checkpoint_factory(request.param)
 
 
-def _prefill_then_steps(talker: Talker, rows: np.ndarray, n_prefill: int):
-    """Prefill n_prefill rows in one decode, then one row per decode (KV cache reuse)."""
-    logits, hidden = talker.decode([DecodeItem(0, 0, rows[:n_prefill])])
-    outs_l, outs_h = [logits[0]], [hidden[0]]
-    for i in range(n_prefill, len(rows)):
-        logits, hidden = talker.decode([DecodeItem(0, i, rows[i:i + 1])])
-        outs_l.append(logits[0])
-        outs_h.append(hidden[0])
-    return np.stack(outs_l), np.stack(outs_h)
-
-
 def test_f32_talker_equals_official(ckpt_dir, tmp_path):
     ckpt = Checkpoint.open(ckpt_dir)
     write_talker_gguf(ckpt, tmp_path / "talker.gguf", "f32")
     assert set(gguf_tensor_types(tmp_path / "talker.gguf").values()) == {"F32"}
     talker = Talker(tmp_path / "talker.gguf", TalkerSettings(n_ctx=256, max_streams=2, deterministic=True))
     rows = np.random.default_rng(0).standard_normal((14, talker.hidden_size)).astype(np.float32)
-    logits, hidden = _prefill_then_steps(talker, rows, 9)
+    logits, hidden = talker.decode_steps(0, rows, 9)
     ref_logits, ref_hidden = talker_forward(ckpt_dir, rows)
     assert np.abs(hidden - ref_hidden[8:]).max() < HIDDEN_TOL
     assert np.abs(logits - ref_logits[8:]).max() < LOGIT_TOL
@@ -64,9 +53,9 @@ def test_two_streams_in_one_decode_equal_separate_runs(tiny_cv, tmp_path):
     a = rng.standard_normal((10, talker.hidden_size)).astype(np.float32)
     b = rng.standard_normal((7, talker.hidden_size)).astype(np.float32)
     # separate
-    sep_a = _prefill_then_steps(talker, a, 6)
+    sep_a = talker.decode_steps(0, a, 6)
     talker.drop(0)
-    sep_b = _prefill_then_steps(talker, b, 4)
+    sep_b = talker.decode_steps(0, b, 4)
     talker.drop(0)
     # together: prefills in one batch, then both streams step in each decode at different positions
     la, ha = [], []
