@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
 from fastapi import APIRouter, Request, Response
 
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
-from qwen3_tts_gguf.prompt import PromptError
-from qwen3_tts_gguf.scheduler import EngineBusy, EngineStopped, Stream
 
-from .errors import invalid_request, queue_full, unavailable
 from .schemas import SpeechRequest
 from .state import get_state
 from .streaming import (
@@ -24,7 +20,7 @@ from .streaming import (
     audio_body,
     sse_body,
 )
-from .synthesis import SpeechPlan, plan_speech
+from .synthesis import plan_speech, start_stream
 from .voice_profiles import model_for_voice
 
 log = logging.getLogger("api.speech")
@@ -52,7 +48,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         log.info("instructions ignored: model %s cannot take them", plan.served.id)
     encoder = StreamingEncoder(body.response_format, plan.served.model.sample_rate, body.speed)
     try:
-        stream = await _submit(plan)
+        stream = await start_stream(plan)
     except BaseException:
         encoder.close()
         raise
@@ -63,16 +59,3 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     if body.stream_format == "sse":
         return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers())
     return SpeechResponse(speech, audio_body(speech), CONTENT_TYPES[body.response_format], plan.headers())
-
-
-async def _submit(plan: SpeechPlan) -> Stream:
-    """Queue the request on its model's engine (prompt building runs off the event loop)."""
-    engine = plan.served.engine
-    try:
-        return await asyncio.to_thread(engine.submit, plan.request, asyncio.get_running_loop())
-    except EngineBusy:
-        raise queue_full(engine.load()["waiting"]) from None
-    except EngineStopped:
-        raise unavailable("The engine is not running (the server is starting or stopping); retry.") from None
-    except PromptError as e:
-        raise invalid_request(str(e)) from None

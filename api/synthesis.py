@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 
+from qwen3_tts_gguf.prompt import PromptError
 from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.sampler import SamplingParams
+from qwen3_tts_gguf.scheduler import EngineBusy, EngineStopped, Stream
 
 from . import headers
-from .errors import invalid_request
+from .errors import invalid_request, queue_full, unavailable
 from .registry import ServedModel
 from .schemas import SpeechRequest
 from .voices import ResolvedVoice, VoiceProfiles, resolve_voice
@@ -63,3 +66,20 @@ def plan_speech(body: SpeechRequest, served: ServedModel, profiles: VoiceProfile
     request = SynthesisRequest(text=body.input, voice=voice.spec, text_mode=body.text_mode, talker=talker,
                                code_predictor=predictor, seed=body.seed, max_frames=body.max_frames)
     return SpeechPlan(served, request, voice, body.ignored_fields)
+
+
+async def start_stream(plan: SpeechPlan, live_request: SynthesisRequest | None = None) -> Stream:
+    """Queue `plan.request` on its model's engine, or with `live_request` open a stream whose text
+    arrives later; the prompt is built off the event loop. Engine refusals become API errors."""
+    engine = plan.served.engine
+    loop = asyncio.get_running_loop()
+    try:
+        if live_request is None:
+            return await asyncio.to_thread(engine.submit, plan.request, loop)
+        return await asyncio.to_thread(engine.open_text_stream, live_request, loop)
+    except EngineBusy:
+        raise queue_full(engine.load()["waiting"]) from None
+    except EngineStopped:
+        raise unavailable("The engine is not running (the server is starting or stopping); retry.") from None
+    except PromptError as e:
+        raise invalid_request(str(e)) from None

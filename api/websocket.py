@@ -46,24 +46,21 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
-from qwen3_tts_gguf.prompt import PromptError
-from qwen3_tts_gguf.scheduler import EngineBusy, EngineStopped, Stream
+from qwen3_tts_gguf.scheduler import Stream
 
 from .errors import (
     SERVER_ERROR,
     APIError,
     invalid_request,
-    queue_full,
     synthesis_failed,
     unauthorized,
-    unavailable,
     validation_error,
 )
 from .middleware import bearer_token, key_matches
 from .schemas import MAX_INPUT_CHARS, SpeechRequest
 from .state import AppState, get_state
 from .streaming import OffloadedEncoder
-from .synthesis import SpeechPlan, plan_speech
+from .synthesis import SpeechPlan, plan_speech, start_stream
 from .voice_profiles import model_for_voice
 
 log = logging.getLogger("api.websocket")
@@ -299,7 +296,7 @@ class Connection:
         sample_rate = plan.served.model.sample_rate
         encoder = StreamingEncoder(body.response_format, sample_rate, body.speed)
         try:
-            stream = await _open(plan, request)
+            stream = await start_stream(plan, request)
         except BaseException:
             encoder.close()
             raise
@@ -445,20 +442,6 @@ class Connection:
             except asyncio.CancelledError:  # the server is shutting down this connection
                 session.pump.cancel()
                 raise
-
-
-async def _open(plan: SpeechPlan, request) -> Stream:
-    """Open a live-text stream on the model's engine (the voice prompt is built off the event loop)."""
-    engine = plan.served.engine
-    loop = asyncio.get_running_loop()
-    try:
-        return await asyncio.to_thread(engine.open_text_stream, request, loop)
-    except EngineBusy:
-        raise queue_full(engine.load()["waiting"]) from None
-    except EngineStopped:
-        raise unavailable("The engine is not running (the server is starting or stopping); retry.") from None
-    except PromptError as e:
-        raise invalid_request(str(e)) from None
 
 
 @router.websocket(PATH)
