@@ -15,8 +15,8 @@ import os
 import threading
 import time
 
-from .common import (LANGUAGE, LATENCY_TEXTS, LONG_FRAMES, LONG_TEXT, SPEAKER, TEXT, TEXT_MODE, Meter, median,
-                     peak_rss_mb, rss_mb)
+from .common import (FRAME_RATE, LANGUAGE, LATENCY_TEXTS, LONG_FRAMES, LONG_TEXT, SPEAKER, TEXT, TEXT_MODE, Meter,
+                     median, peak_rss_mb, rss_mb)
 
 
 class _CallLog:
@@ -61,18 +61,12 @@ def _codec_sizes(codes, *a, **k):
 
 
 def _with_llama_repack() -> None:
-    """Prototype (bench.experiments only): load the talker with llama.cpp's extra buffer types
-    (CPU_REPACK: weights repacked for the AVX-512/AVX2 GEMM kernels). The engine turns them off
-    because of an AMX + q8_0 crash on Sapphire Rapids; a CPU without AMX never uses the AMX type."""
-    import llama_cpp
+    """Prototype (bench.experiments only): llama.cpp's weight repacking for every talker quant,
+    through the engine's own switch; the engine itself repacks only where `repack_pays` (q4_k_m on
+    a CPU known to lack AMX: the AMX + q8_0 crash on Sapphire Rapids)."""
+    from qwen3_tts_gguf import talker
 
-    original = llama_cpp.llama_model_load_from_file
-
-    def load(path, params):
-        params.use_extra_bufts = True
-        return original(path, params)
-
-    llama_cpp.llama_model_load_from_file = load
+    talker.repack_pays = lambda *args, **kwargs: True
 
 
 def playback_report(arrivals: list[tuple[float, float]]) -> dict:
@@ -91,7 +85,7 @@ def playback_report(arrivals: list[tuple[float, float]]) -> dict:
             played_until = arrival
         played_until += duration
         queued += duration
-    return {"chunks": len(arrivals), "chunk_frames": [round(d * 12.5) for _, d in arrivals],
+    return {"chunks": len(arrivals), "chunk_frames": [round(d * FRAME_RATE) for _, d in arrivals],
             "audio_s": queued, "stalls": stalls, "stalled_s": stalled, "first_stall_at_s": first_stall,
             "prebuffer_s": need, "first_audio_s": start, "last_arrival_s": arrivals[-1][0]}
 
