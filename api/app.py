@@ -17,11 +17,14 @@ from qwen3_tts_gguf.voices import VoiceStore
 
 from . import catalog, headers, health, metrics, speech, websocket
 from . import voice_profiles as voice_profiles_module
+from .clients import ClientLimiter
 from .config import ServerConfig
 from .errors import install_error_handlers
-from .middleware import APIKeyMiddleware, RequestObserver
+from .hosts import BrowserGuard
+from .middleware import APIKeyMiddleware, BodyLimits, RequestObserver
 from .registry import ModelRegistry
 from .state import AppState
+from .voice_jobs import VoiceJobs
 from .voices import NoVoiceProfiles, VoiceProfiles
 
 # Feature routers, in order.
@@ -35,32 +38,42 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
 
     The registry's models stay loaded after the app stops (`registry.close()` frees them).
     The web console (`config.webui_dir`) is mounted at `/` last, so API routes always win.
+    `app.state.client_limiter` caps each client's speech streams (`clients.py`);
+    `app.state.voice_jobs` runs voice cloning and design (`voice_jobs.py`; made by the lifespan).
     """
     if voice_profiles is None:  # profiles live in config.voices_dir (none when it is not set)
         voice_profiles = (voice_profiles_module.StoredVoiceProfiles(VoiceStore(config.voices_dir))
                           if config.voices_dir is not None else NoVoiceProfiles())
     state = AppState(config=config, registry=registry, voice_profiles=voice_profiles)
+    limits = config.limits
+    slots = registry.default.model.settings.max_streams
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.encoder_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 2),
                                                 thread_name_prefix="qtts-encode")
+        app.state.voice_jobs = voice_jobs = VoiceJobs(limits.voice_workers, limits.voice_queue)
         registry.start()
         try:
             yield
         finally:
-            registry.stop()
+            registry.stop()  # first: a running voice design ends with its engine
+            voice_jobs.close()
             state.encoder_pool.shutdown(wait=True)
 
     app = FastAPI(title="Qwen3-TTS-X", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible streaming text-to-speech with Qwen3-TTS.")
     app.state.qtts = state
+    app.state.client_limiter = ClientLimiter(limits.requests_per_client(slots), limits.trusted_proxies)
     install_error_handlers(app)
     for router in routers:
         app.include_router(router)
-    # add_middleware wraps: the last added runs first (CORS, then request ids/metrics, then the key)
+    # add_middleware wraps: the last added runs first (CORS, request ids/metrics, Host and Origin,
+    # the key, then the body's size and time)
+    app.add_middleware(BodyLimits, limits=limits)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(BrowserGuard, config=config)
     app.add_middleware(RequestObserver, metrics=state.metrics)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
+from .errors import error_responses
 from .registry import ModelRegistry, ServedModel
-from .schemas import AudioModel, AudioModelList, ModelCard, ModelList, Voice, VoiceList
+from .schemas import MAX_ID_CHARS, AudioModel, AudioModelList, ModelCard, ModelList, Voice, VoiceList
 from .state import get_state
 from .voices import OFFICIAL_SPEAKERS, OPENAI_VOICES, VoiceProfiles, speaker_for
 
@@ -69,26 +70,28 @@ def voice_entries(registry: ModelRegistry, profiles: VoiceProfiles, model: Serve
     return list(speakers.values()) + openai + saved
 
 
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, responses=error_responses(400, 401))
 async def list_models(request: Request) -> ModelList:
     """OpenAI's model list: served models plus the OpenAI TTS ids that alias the default."""
     return ModelList(data=model_cards(get_state(request).registry))
 
 
-@router.get("/v1/models/{model_id:path}", response_model=ModelCard)
-async def retrieve_model(model_id: str, request: Request) -> ModelCard:
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=error_responses(400, 401, 404))
+async def retrieve_model(request: Request, model_id: str = Path(max_length=MAX_ID_CHARS)) -> ModelCard:
     """One model by id, alias or folder name (404 in the OpenAI envelope otherwise); `id` is the name asked for."""
     return card(model_id, get_state(request).registry.resolve(model_id))
 
 
-@router.get("/v1/audio/models", response_model=AudioModelList)
+@router.get("/v1/audio/models", response_model=AudioModelList, responses=error_responses(400, 401))
 async def list_audio_models(request: Request) -> AudioModelList:
     """`{"models": [{"id"}]}`, the shape Open WebUI reads."""
     return AudioModelList(models=[AudioModel(id=card.id) for card in model_cards(get_state(request).registry)])
 
 
-@router.get("/v1/audio/voices", response_model=VoiceList, response_model_exclude_none=True)
-async def list_voices(request: Request, model: str | None = Query(None, description="only this model's voices")
+@router.get("/v1/audio/voices", response_model=VoiceList, response_model_exclude_none=True,
+            responses=error_responses(400, 401, 404))
+async def list_voices(request: Request, model: str | None = Query(None, max_length=MAX_ID_CHARS,
+                                                                 description="only this model's voices")
                       ) -> VoiceList:
     """`{"voices": [{"id", "name", ...}]}`, the shape Open WebUI and SillyTavern read."""
     state = get_state(request)

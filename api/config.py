@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from qwen3_tts_gguf.model import EngineSettings
 from qwen3_tts_gguf.paths import PROJECT_ROOT, voices_dir
+
+from .clients import parse_networks
+from .limits import ServerLimits
 
 API_KEY_ENV = "QTTS_API_KEY"
 DEFAULT_WEBUI_DIR = PROJECT_ROOT / "webui"
@@ -29,6 +32,8 @@ class ServerConfig:
     """Voice profiles folder (used by the voice-profile store, see `voices.VoiceProfiles`)."""
     webui_dir: Path | None = DEFAULT_WEBUI_DIR
     """Static web console served at `/` when the folder exists."""
+    limits: ServerLimits = ServerLimits()
+    """Bounds on size, time and count (`api/limits.py`)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
@@ -39,7 +44,19 @@ class ServerConfig:
             api_key=args.api_key or environ.get(API_KEY_ENV) or None,
             cors_origins=tuple(args.cors_origin or ()),
             voices_dir=args.voices_dir or voices_dir(),
+            limits=limits_from_args(args),
         )
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    """ServerLimits from the `serve` flags (one per field, same name): each flag given overrides its
+    default. ValueError for a --trusted-proxies entry that is no address or network."""
+    given = {f.name: getattr(args, f.name) for f in fields(ServerLimits) if getattr(args, f.name, None) is not None}
+    for name in ("trusted_proxies", "allowed_hosts"):
+        if name in given:
+            given[name] = tuple(given[name])
+    parse_networks(given.get("trusted_proxies", ()))
+    return ServerLimits(**given)
 
 
 def engine_settings_from_args(args: argparse.Namespace) -> EngineSettings:

@@ -4,9 +4,13 @@ Every error leaves as `{"error": {"message", "type", "param", "code"}}` (all fou
 `code` may be null). Routes raise `APIError` (or one of the constructors below); FastAPI's own
 validation errors become 400 in the same envelope, never 422 `{"detail": ...}`.
 
-Retry semantics for the OpenAI SDK (it retries 408/409/429/5xx twice by default):
-`x-should-retry: false` goes on every error a retry cannot fix; 429 carries `Retry-After`; 503
-(engine stopping) carries neither, so a retry may find another instance.
+Retry semantics for the OpenAI SDK (it retries 408/409/429/5xx twice by default), decided here
+and nowhere else:
+- `x-should-retry: false` goes on every error a retry cannot fix (4xx other than 408/409/429).
+- 429 (busy) always carries `Retry-After`.
+- 503 carries `Retry-After` when a retry can cure it: the engine is starting or restarting, the
+  server is draining (a load balancer sends the retry to another instance). A 503 for an engine
+  that failed for good carries none (the orchestrator's liveness probe replaces the process).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import get_route_path
+
+from .schemas import ErrorResponse
 
 INVALID_REQUEST = "invalid_request_error"
 RATE_LIMIT = "rate_limit_error"
@@ -78,9 +85,21 @@ def unauthorized(message: str) -> APIError:
     return APIError(message, status_code=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
-def unavailable(message: str) -> APIError:
-    """503: the engine is not running (starting or shutting down)."""
-    return APIError(message, status_code=503, type=SERVER_ERROR, code="unavailable")
+def unavailable(message: str, retry_after_s: int | None = None) -> APIError:
+    """503: the engine is not running. `retry_after_s` when a retry can cure it (starting,
+    restarting, draining); None when it cannot (the engine failed for good)."""
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return APIError(message, status_code=503, type=SERVER_ERROR, code="unavailable", headers=headers)
+
+
+def context_length_exceeded(message: str, param: str | None = "input") -> APIError:
+    """400: instructions + input + voice reference do not fit one stream's talker context."""
+    return APIError(message, param=param, code="context_length_exceeded")
+
+
+def payload_too_large(message: str, param: str | None = None) -> APIError:
+    """413: a request body, form part or message over its size limit."""
+    return APIError(message, status_code=413, param=param, code="payload_too_large")
 
 
 def synthesis_failed(message: str) -> APIError:
@@ -104,7 +123,9 @@ def validation_error(exc: RequestValidationError) -> APIError:
         return invalid_request("Invalid request.")
     first = errors[0]
     kind = first.get("type", "")
-    loc = [part for part in first.get("loc", ()) if part != "body"]
+    loc = list(first.get("loc", ()))
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
     param = str(loc[0]) if loc and isinstance(loc[0], str) else None
     code = _VALIDATION_CODES.get(kind, "invalid_value")
     if kind == "json_invalid":
@@ -130,9 +151,47 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return validation_error(exc).response()
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+_BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads refused
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods the app's routes answer at this request's path (empty: no route has the path).
+
+    Starlette answers a wrong method with 405 only when no other route matches the path fully, and
+    the web console mounted at `/` matches every path: this recovers the API routes' methods."""
+    try:  # FastAPI >= 0.13x keeps included routers as branches; this walks to the routes
+        from fastapi.routing import iter_route_contexts
+        routes = list(iter_route_contexts(request.app.routes))
+    except ImportError:  # pragma: no cover - older FastAPI: the app's routes are flat
+        routes = list(request.app.routes)
+    path = get_route_path(request.scope)
+    methods: set[str] = set()
+    for route in routes:
+        regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and route_methods and regex.match(path):
+            methods.update(route_methods)
+    return sorted(methods)
+
+
+def method_not_allowed(method: str, allowed: Sequence[str]) -> APIError:
+    """405 with the `Allow` header listing what the path takes."""
+    allow = ", ".join(allowed)
+    return APIError(f"Method {method} is not allowed here; use {allow}.", status_code=405,
+                    code="method_not_allowed", headers={"Allow": allow})
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code in (404, 405):
+        allowed = allowed_methods(request)
+        if allowed and request.method not in allowed:
+            return method_not_allowed(request.method, allowed).response()
+    if exc.status_code == 400 and exc.detail == _BODY_PARSE_ERROR:
+        # json.loads raised something other than a syntax error: bytes that are not UTF-8, a number
+        # past Python's digit limit, nesting past the recursion limit
+        reason = "it is not UTF-8 text" if isinstance(exc.__cause__, UnicodeDecodeError) else "it cannot be parsed"
+        return invalid_request(f"The request body is not valid JSON ({reason}).", code="invalid_json").response()
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code)
     return APIError(message, status_code=exc.status_code, code=code, headers=exc.headers).response()
 
 
@@ -143,8 +202,59 @@ async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error, FastAPI's and Starlette's included, with the OpenAI envelope."""
+    """Answer every error, FastAPI's and Starlette's included, with the OpenAI envelope; and keep
+    the OpenAPI document true to that (`document_errors`)."""
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
+    document_errors(app)
+
+
+# -- the OpenAPI document -------------------------------------------------------------------------
+
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: a value outside its domain, malformed JSON, or what the model cannot do "
+         "(`param` names the field)",
+    401: "Missing or wrong API key (servers started with --api-key)",
+    403: "A browser's cross-site request from an origin that is not allowed (`origin_not_allowed`)",
+    404: "Unknown model (`model_not_found`), voice profile or path",
+    408: "The request body did not arrive in time",
+    409: "A voice profile of that name exists already",
+    413: "The request body or a form part is over its size limit",
+    429: "Busy: every slot is taken and the queue is full, or this client's own limit is reached; "
+         "see Retry-After",
+    500: "The engine failed before any audio was sent",
+    503: "The engine is not running (starting, restarting or stopping); see Retry-After when a retry helps",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses` of a route decorator: each status with the error envelope's schema."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        response: dict[str, Any] = {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]}
+        if status in (429, 503):
+            response["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
+                                                   "schema": {"type": "string"}}}
+        out[status] = response
+    return out
+
+
+def document_errors(app: FastAPI) -> None:
+    """Drop FastAPI's automatic 422 "Validation Error" from the OpenAPI document: validation
+    problems are answered 400 in the envelope (routes list that with `error_responses`)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                if isinstance(operation, dict):
+                    operation.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

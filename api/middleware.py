@@ -3,12 +3,19 @@
 - `APIKeyMiddleware`: the API routes need `Authorization: Bearer <key>`; checked before the body
   is read, so an unauthenticated client learns nothing about its request.
 - `RequestObserver`: gives every HTTP response an `x-request-id` and counts responses by route and
-  status for /metrics.
+  status for /metrics; an unexpected exception is logged with the request id and answered with a
+  plain 500 envelope (its text, class and traceback never reach the client).
+- `BodyLimits`: a request body over its size cap gets 413 (`Content-Length` checked up front,
+  chunked bodies counted as they arrive), one that does not arrive within `body_timeout_s` of the
+  headers gets 408; either way the connection is closed and the route sees the client as gone, so
+  it frees what it held.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -17,10 +24,16 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import headers
-from .errors import unauthorized
+from .errors import SERVER_ERROR, APIError, payload_too_large, unauthorized
+from .limits import ServerLimits
 from .metrics import Metrics
 
+log = logging.getLogger("api.requests")
+
 PROTECTED_PREFIXES = ("/v1/", "/audio/")
+UPLOAD_PATHS = ("/v1/audio/voices",)
+"""POST routes whose body is a multipart upload (`max_upload_bytes`; other bodies: `max_body_bytes`)."""
+_CLOSE = {"Connection": "close"}
 
 
 def bearer_token(scope: Scope) -> str | None:
@@ -72,18 +85,109 @@ class RequestObserver:
         request_id = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         scope["state"]["received_at"] = time.monotonic()
-        status = 500  # an exception before any response: Starlette answers 500 outside us
+        status = 500
+        started = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 MutableHeaders(scope=message)[headers.REQUEST_ID] = request_id
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("request %s (%s %s) failed", request_id, scope["method"], scope["path"])
+            if started:
+                raise  # uvicorn drops the connection: a cut-off response never looks whole
+            await internal_error().response()(scope, receive, send_with_id)
         finally:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
             self.metrics.requests.inc(path=path, status=str(status))
+
+
+def internal_error() -> APIError:
+    """500 for an unexpected exception: a fixed message (the details are in the log, by request id)."""
+    return APIError("The server had an error while processing your request.", status_code=500,
+                    type=SERVER_ERROR, code="internal_error")
+
+
+def request_timeout(seconds: float) -> APIError:
+    """408: the request body did not arrive in time."""
+    return APIError(f"The request body did not arrive within {seconds:g} s.", status_code=408,
+                    code="request_timeout", headers=_CLOSE)
+
+
+def body_too_large(limit: int) -> APIError:
+    error = payload_too_large(f"The request body is larger than {limit} bytes, the limit here.")
+    error.headers.update(_CLOSE)
+    return error
+
+
+class BodyLimits:
+    """Bounds an HTTP request body in size (413) and in the time it takes to arrive (408).
+
+    The answer goes out at once, with `Connection: close`; from then on the route's `receive`
+    says `http.disconnect` and what it sends is dropped, so it ends as if the client had left.
+    """
+
+    def __init__(self, app: ASGIApp, limits: ServerLimits, upload_paths: Sequence[str] = UPLOAD_PATHS):
+        self.app = app
+        self.limits = limits
+        self.upload_paths = tuple(upload_paths)
+
+    def limit_for(self, scope: Scope) -> int:
+        if scope["method"] == "POST" and scope["path"].rstrip("/") in self.upload_paths:
+            return self.limits.max_upload_bytes
+        return self.limits.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope)
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            await body_too_large(limit).response()(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.body_timeout_s
+        received = 0
+        body_done = False
+        started = answered = False
+
+        async def answer(error: APIError) -> Message:
+            nonlocal answered
+            if not answered and not started:
+                await error.response()(scope, receive, send)
+            answered = True
+            return {"type": "http.disconnect"}
+
+        async def bounded_receive() -> Message:
+            nonlocal received, body_done
+            if answered:
+                return {"type": "http.disconnect"}
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return await answer(request_timeout(self.limits.body_timeout_s))
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    return await answer(body_too_large(limit))
+                body_done = not message.get("more_body", False)
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if answered:
+                return  # the client already has its answer
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, bounded_receive, guarded_send)

@@ -2,18 +2,27 @@
 
 Model ids are manifest names; a model's folder name is accepted too. The first model is the
 default, and OpenAI's TTS model ids are aliases of it, so clients that hard-code `tts-1` work.
+
+The registry also supervises its engines (`Supervisor`): a worker that died is restarted (its
+streams were failed when it died); after `max_restarts` within `window_s`, or a worker that made
+no progress for `stall_s` while it had work (stuck inside a model call, where no thread can be
+stopped), the engine is given up: `/ready` and `/health` then answer 503, so an orchestrator's
+liveness probe replaces the process.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3_tts_gguf.manifest import MANIFEST, Manifest
 from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.scheduler import Engine
+from qwen3_tts_gguf.scheduler import Engine, EngineHealth
 
 from .errors import model_not_found
 
@@ -41,10 +50,28 @@ class ServedModel:
         return self.model.folder
 
 
-class ModelRegistry:
-    """Served models by id, alias and folder name; starts and stops their engines."""
+@dataclass
+class SupervisionPolicy:
+    """How the registry watches its engines."""
 
-    def __init__(self, models: Sequence[ServedModel]):
+    interval_s: float = 0.5
+    """How often each engine's health is checked."""
+    max_restarts: int = 3
+    """Restarts allowed within `window_s` before the engine is given up."""
+    window_s: float = 300.0
+    stall_s: float = 600.0
+    """A worker with work that shows no progress for this long is stuck: given up."""
+
+
+@dataclass
+class _Watch:
+    restarts: deque = field(default_factory=deque)
+
+
+class ModelRegistry:
+    """Served models by id, alias and folder name; starts, stops and supervises their engines."""
+
+    def __init__(self, models: Sequence[ServedModel], policy: SupervisionPolicy | None = None):
         if not models:
             raise ValueError("a registry needs at least one model")
         self.models: tuple[ServedModel, ...] = tuple(models)
@@ -56,6 +83,10 @@ class ModelRegistry:
         for alias in OPENAI_MODEL_ALIASES:
             self._by_name.setdefault(alias, self.default)
         self._running = False
+        self.policy = policy or SupervisionPolicy()
+        self._watch = {served.id: _Watch() for served in self.models}
+        self._stop_watching = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     @classmethod
     def load(cls, folders: Iterable[str | Path], settings: EngineSettings) -> ModelRegistry:
@@ -99,12 +130,52 @@ class ModelRegistry:
         for served in self.models:
             served.engine.start()
         self._running = True
+        self._stop_watching.clear()
+        self._watcher = threading.Thread(target=self._supervise, name="qtts-supervisor", daemon=True)
+        self._watcher.start()
 
     def stop(self) -> None:
         """Stop every engine; streams still running end as `cancelled`."""
         self._running = False
+        self._stop_watching.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
         for served in self.models:
             served.engine.stop()
+
+    def health(self) -> list[tuple[ServedModel, EngineHealth]]:
+        """Each model's engine health (running, stopped, failed = restarting, dead = given up)."""
+        return [(served, served.engine.health()) for served in self.models]
+
+    def _supervise(self) -> None:
+        while not self._stop_watching.wait(self.policy.interval_s):
+            for served in self.models:
+                self.check(served)
+
+    def check(self, served: ServedModel) -> None:
+        """One supervision step for one engine: restart a dead worker, give up a hopeless one."""
+        engine, policy = served.engine, self.policy
+        health = engine.health()
+        now = time.monotonic()
+        if health.status == "running":
+            busy = engine.load()["active"] > 0
+            if busy and now - engine.heartbeat > policy.stall_s:
+                engine.give_up(f"the engine worker made no progress for {policy.stall_s:.0f} s")
+            return
+        if health.status != "failed":
+            return
+        restarts = self._watch[served.id].restarts
+        while restarts and now - restarts[0] > policy.window_s:
+            restarts.popleft()
+        if len(restarts) >= policy.max_restarts:
+            engine.give_up(f"the engine failed {len(restarts) + 1} times within {policy.window_s:.0f} s")
+            return
+        restarts.append(now)
+        try:
+            engine.restart()
+        except Exception:
+            log.exception("restarting the engine of %s failed", served.id)
 
     def close(self) -> None:
         self.stop()

@@ -3,21 +3,43 @@
 `SpeechRequest` is OpenAI's `CreateSpeechRequest`; the extension fields (reached with the SDK's
 `extra_body`) come after the OpenAI ones. Unknown fields are accepted and ignored (clients send
 other servers' extensions such as `stream`); the response names them in a header.
+
+Every field has a domain, written here and therefore in the OpenAPI document: types are strict (no
+`true` for a number, no `2.0` for an integer, no strings for numbers, no NaN or Infinity), numbers
+have bounds, strings have lengths. A value outside its domain is a 400 naming the parameter.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints, field_validator
 from pydantic_core import PydanticCustomError
 
 from qwen3_tts_gguf.audio_encoding import MAX_SPEED, MIN_SPEED
 
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
+MAX_ID_CHARS = 256
+"""`model` and `voice` (a name or `{"id"}`): served ids, speakers and profile names are far shorter."""
+MAX_LANGUAGE_CHARS = 32
+MAX_SEED = 2**63 - 1
+MAX_FRAMES = 6000
+"""The `max_frames` ceiling: 6000 codec frames of 80 ms = 8 minutes (the engine's runaway budget and
+its context usually end a stream long before)."""
+MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 1_000_000
+"""Any top_k at or above the vocabulary (3072 codebook-0 ids) means "off", as 0 does."""
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
+
+# Python's str.isspace() characters: `input` must have one character outside them (str.strip()
+# semantics, which the validator applies); the same class goes into the schema as a pattern.
+WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_BLANK_PATTERN = f"[^{WHITESPACE}]"
 
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]  # = audio_encoding.FORMATS (a test checks)
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 
 
 class VoiceRef(BaseModel):
@@ -25,31 +47,38 @@ class VoiceRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1)
+    id: Identifier
 
 
 class SpeechRequest(BaseModel):
     """POST /v1/audio/speech."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, json_schema_extra={"examples": [
+        {"model": "tts-1", "input": "Hello! This is a streaming test.", "voice": "alloy", "response_format": "pcm"},
+    ]})
 
-    model: str = Field(min_length=1)
-    input: str = Field(max_length=MAX_INPUT_CHARS)
-    voice: str | VoiceRef
+    model: Identifier = Field(description="a served model id, folder name or OpenAI alias (tts-1, ...)",
+                              examples=["tts-1"])
+    input: str = Field(max_length=MAX_INPUT_CHARS, description="the text to speak (not blank)",
+                       json_schema_extra={"pattern": NOT_BLANK_PATTERN})
+    voice: Identifier | VoiceRef = Field(description='a speaker, an OpenAI voice name or a profile; or {"id": ...}',
+                                         examples=["alloy"])
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
     response_format: ResponseFormat = "mp3"
-    speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)
+    speed: StrictFloat = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)
     stream_format: Literal["audio", "sse"] = "audio"
     # -- extensions -------------------------------------------------------------------------
-    language: str | None = Field(None, description="auto (default), english, chinese, ...")
+    language: str | None = Field(None, max_length=MAX_LANGUAGE_CHARS,
+                                 description="auto (default; also when empty), english, chinese, ...")
     text_mode: Literal["non-streaming", "streaming"] | None = Field(
         None, description="prompt layout; default: the model's official default")
-    seed: int | None = Field(None, ge=0, description="fixed seed for reproducible sampling")
-    temperature: float | None = Field(None, ge=0, description="talker temperature; 0 = greedy decoding")
-    top_k: int | None = Field(None, ge=0)
-    top_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-    max_frames: int | None = Field(None, ge=1, description="cap on codec frames (80 ms each)")
+    seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED, description="fixed seed for reproducible sampling")
+    temperature: StrictFloat | None = Field(None, ge=0, le=MAX_TEMPERATURE,
+                                            description="talker temperature; 0 = greedy decoding")
+    top_k: StrictInt | None = Field(None, ge=0, le=MAX_TOP_K, description="0 or at least the vocabulary: off")
+    top_p: StrictFloat | None = Field(None, ge=0, le=1, description="0 keeps the most likely token only")
+    repetition_penalty: StrictFloat | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
+    max_frames: StrictInt | None = Field(None, ge=1, le=MAX_FRAMES, description="cap on codec frames (80 ms each)")
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -73,6 +102,21 @@ class SpeechRequest(BaseModel):
     def ignored_fields(self) -> tuple[str, ...]:
         """Fields this server does not know (sent for other servers); they change nothing."""
         return tuple(sorted(self.model_extra or ()))
+
+
+class ErrorDetail(BaseModel):
+    """OpenAI's error object: all four keys are always present; `param` and `code` may be null."""
+
+    message: str
+    type: str = Field(description="invalid_request_error, rate_limit_error or server_error")
+    param: str | None = Field(description="the request field at fault")
+    code: str | None = Field(description="invalid_value, missing_required_parameter, model_not_found, ...")
+
+
+class ErrorResponse(BaseModel):
+    """Every error body: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorDetail
 
 
 class Usage(BaseModel):
@@ -141,3 +185,81 @@ class Voice(BaseModel):
 
 class VoiceList(BaseModel):
     voices: list[Voice]
+
+
+class VoiceCreated(BaseModel):
+    """POST /v1/audio/voices: the profile made."""
+
+    model_config = ConfigDict(extra="allow")
+
+    object: Literal["audio.voice"] = "audio.voice"
+    id: str
+    name: str
+    created_at: int
+    mode: str = Field(description="icl (with its transcript) or xvector (speaker embedding only)")
+    model: str = Field(description="the Base model it was made with")
+
+
+class VoiceDeleted(BaseModel):
+    """DELETE /v1/audio/voices/{voice_id}."""
+
+    model_config = ConfigDict(extra="allow")
+
+    object: Literal["audio.voice.deleted"] = "audio.voice.deleted"
+    id: str
+    deleted: bool
+
+
+class Health(BaseModel):
+    """GET /health."""
+
+    status: Literal["ok"] = "ok"
+
+
+class EngineReadiness(BaseModel):
+    """One served model's engine in GET /ready: its id and type, then its load (`Engine.load()`:
+    active, waiting, free_slots, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    default: bool
+    type: str
+
+
+class Readiness(BaseModel):
+    """GET /ready (200 only while every engine runs)."""
+
+    status: Literal["ready"] = "ready"
+    models: list[EngineReadiness]
+
+
+VOICE_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # = qwen3_tts_gguf.voices.NAME_RE (a test checks)
+
+
+def voice_upload_openapi(field_chars: dict[str, int]) -> dict:
+    """`openapi_extra` of POST /v1/audio/voices: its multipart body (the route reads the form
+    itself, so FastAPI cannot describe it). `field_chars`: the route's character limits per field."""
+
+    def text(name: str, description: str) -> dict:
+        return {"type": "string", "maxLength": field_chars[name], "description": description}
+
+    properties = {
+        "name": {"type": "string", "minLength": 1, "maxLength": field_chars["name"], "pattern": VOICE_NAME_PATTERN,
+                 "description": "the profile's name: a letter or digit, then letters, digits, _ . - (no '..'); "
+                                "409 when it exists and `overwrite` is not true"},
+        "audio_sample": {"type": "string", "format": "binary",
+                         "description": "a clip of the voice (any common format, 1-30 s); or send `instructions`"},
+        "audio": {"type": "string", "format": "binary", "description": "another name for `audio_sample`"},
+        "text": text("text", "the clip's transcript: an in-context clone (without it: x-vector only)"),
+        "instructions": text("instructions", "design the voice from this description through a served "
+                                             "VoiceDesign model, instead of a clip"),
+        "model": text("model", "the Base model to clone with (default: the first served one)"),
+        "language": text("language", "the profile's language (default auto)"),
+        "overwrite": {"type": "boolean", "default": False, "description": "replace a profile of the same name"},
+        "consent": {"type": "string", "description": "OpenAI's consent field: accepted and ignored"},
+    }
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {
+        "schema": {"type": "object", "required": ["name"], "properties": properties},
+        "encoding": {"audio_sample": {"contentType": "application/octet-stream"},
+                     "audio": {"contentType": "application/octet-stream"}}}}}}

@@ -14,6 +14,8 @@ from qwen3_tts_gguf.paths import installed_models, model_base_dir
 
 from .app import create_app
 from .config import ServerConfig, engine_settings_from_args
+from .connections import uvicorn_config
+from .hosts import is_loopback
 from .registry import ModelRegistry
 
 log = logging.getLogger("api.server")
@@ -62,7 +64,11 @@ def model_folders(args: argparse.Namespace) -> list[Path]:
 def run_server(args: argparse.Namespace) -> int:
     """Serve until interrupted; exit code 2 when no model can be loaded."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    config = ServerConfig.from_args(args)
+    try:
+        config = ServerConfig.from_args(args)
+    except ValueError as e:  # a limit out of its domain (a bad --trusted-proxies address, ...)
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_MODEL
     folders = model_folders(args)
     if not folders:
         print(f"error: {how_to_get_a_model(model_base_dir())}", file=sys.stderr)
@@ -75,8 +81,7 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         app = create_app(config, registry)
         _announce(config, registry)
-        uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
-                                      timeout_graceful_shutdown=5)).run()
+        uvicorn.Server(uvicorn_config(app, config)).run()
     finally:
         registry.close()
     return 0
@@ -88,3 +93,6 @@ def _announce(config: ServerConfig, registry: ModelRegistry) -> None:
         log.info("model %s: %s %s%s", served.id, served.manifest.model_type, served.manifest.model_size, extra)
     log.info("OpenAI base_url: http://%s:%d/v1 (API key %s)", config.host, config.port,
              "required" if config.api_key else "not required")
+    if not config.api_key and not is_loopback(config.host):
+        log.warning("%s is reachable from other machines and no API key is set: anyone who can reach it can "
+                    "use it (set --api-key or QTTS_API_KEY, or bind 127.0.0.1)", config.host)

@@ -9,6 +9,8 @@ from fastapi import APIRouter, Request, Response
 
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
 
+from .clients import client_of
+from .errors import error_responses
 from .schemas import SpeechRequest
 from .state import get_state
 from .streaming import (
@@ -30,9 +32,19 @@ router = APIRouter(tags=["audio"])
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the response"
 
 
-@router.post("/v1/audio/speech", response_class=Response,
-             responses={200: {"content": {t: {} for t in (*CONTENT_TYPES.values(), SSE_CONTENT_TYPE)},
-                              "description": "the audio file, chunked; or SSE events"}})
+@router.post("/v1/audio/speech", response_class=Response, responses={
+    200: {"description": "the audio file, chunked (`response_format`); or SSE events (`stream_format: sse`)",
+          "content": {**{t: {"schema": {"type": "string", "format": "binary"}} for t in CONTENT_TYPES.values()},
+                      SSE_CONTENT_TYPE: {"schema": {"type": "string"}}},
+          "headers": {name: {"description": description, "required": required, "schema": {"type": "string"}}
+                      for name, description, required in (
+                          ("x-qwen3tts-model", "the served model (aliases resolved)", True),
+                          ("x-qwen3tts-voice", "the speaker, the profile, or `instructions`", True),
+                          ("x-qwen3tts-instructions-ignored", "`true` when the model ignored the instructions",
+                           False),
+                          ("x-qwen3tts-voice-ignored", "`true` when `voice` was ignored", False),
+                          ("x-qwen3tts-ignored-fields", "unknown request fields that were ignored", False))}},
+    **error_responses(400, 401, 403, 404, 408, 413, 429, 500, 503)})
 @router.post("/audio/speech", response_class=Response, include_in_schema=False)
 async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """Speak `input` with `voice`, streaming the `response_format` file (or SSE events) as it is made.
@@ -48,7 +60,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         log.info("instructions ignored: model %s cannot take them", plan.served.id)
     encoder = StreamingEncoder(body.response_format, plan.served.model.sample_rate, body.speed)
     try:
-        stream = await start_stream(plan)
+        stream = await start_stream(plan, client=client_of(request))
     except BaseException:
         encoder.close()
         raise
@@ -56,6 +68,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
                           plan.served.model.sample_rate, state.metrics, received_at)
     if not await speech.wait_for_audio(request.receive):
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    timeout = state.config.limits.send_timeout_s
     if body.stream_format == "sse":
-        return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers())
-    return SpeechResponse(speech, audio_body(speech), CONTENT_TYPES[body.response_format], plan.headers())
+        return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers(), timeout)
+    return SpeechResponse(speech, audio_body(speech), CONTENT_TYPES[body.response_format], plan.headers(), timeout)

@@ -15,8 +15,9 @@ Errors after audio bytes have left: in audio mode the body raises `SynthesisAbor
 drops the connection without the terminating chunk and a cut-off file never looks whole; in SSE
 mode an `error` event ends the stream (no `speech.audio.done`).
 
-A slow reader never stalls the engine: the engine's per-stream queue is unbounded, and only this
-response's body waits for the socket.
+A slow reader never stalls the engine or other streams: only this response's body waits for the
+socket; the engine pauses a stream whose reader is more than `max_buffered_audio_s` behind (bounded
+memory), and a client that reads nothing for `send_timeout_s` is ended.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from concurrent.futures import Executor, Future
 
 import numpy as np
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
 from qwen3_tts_gguf.request import AudioChunk
@@ -142,9 +143,11 @@ class SpeechStream:
             result = self._stream.result
             if result.finish_reason in _ENDED_BADLY:
                 self.close()
+                if result.retryable:
+                    raise unavailable("The engine failed before this request was served; retry.", retry_after_s=1)
                 if result.finish_reason == "error":
                     raise synthesis_failed(result.error or "unknown error")
-                raise unavailable("The engine stopped before this request was served; retry.")
+                raise unavailable("The engine stopped before this request was served; retry.", retry_after_s=1)
         return True
 
     async def audio_pieces(self) -> AsyncIterator[bytes]:
@@ -224,17 +227,32 @@ def _sse_event(payload: dict) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+class ClientStalled(Exception):
+    """The client read none of its response for `send_timeout_s`."""
+
+
 class SpeechResponse(StreamingResponse):
     """A StreamingResponse that always releases its SpeechStream, also when the client leaves
-    while a chunk is being sent (Starlette then cancels the body mid-`send`)."""
+    while a chunk is being sent (Starlette then cancels the body mid-`send`), or stops reading:
+    a send that cannot complete within `send_timeout_s` ends the response and the connection."""
 
     def __init__(self, speech: SpeechStream, content: AsyncIterator[bytes], media_type: str,
-                 headers: dict[str, str]):
+                 headers: dict[str, str], send_timeout_s: float | None = None):
         super().__init__(content, media_type=media_type, headers={**STREAMING_HEADERS, **headers})
         self.speech = speech
+        self.send_timeout_s = send_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_or_give_up(message: Message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout_s)
+            except asyncio.TimeoutError:
+                raise ClientStalled() from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_or_give_up if self.send_timeout_s else send)
+        except ClientStalled:  # uvicorn closes a connection whose response did not complete
+            log.warning("stream %s of %s: the client read nothing for %s s; ending it", self.speech._stream.id,
+                        self.speech.model_id, self.send_timeout_s)
         finally:
             self.speech.close()

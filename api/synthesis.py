@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from qwen3_tts_gguf.prompt import PromptError
+from qwen3_tts_gguf.prompt import ContextLengthExceeded, PromptError
 from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.sampler import SamplingParams
 from qwen3_tts_gguf.scheduler import EngineBusy, EngineStopped, Stream
 
 from . import headers
-from .errors import invalid_request, queue_full, unavailable
+from .clients import Client
+from .errors import context_length_exceeded, invalid_request, queue_full, unavailable
 from .registry import ServedModel
 from .schemas import SpeechRequest
 from .voices import ResolvedVoice, VoiceProfiles, resolve_voice
@@ -33,8 +36,21 @@ class SpeechPlan:
         if self.voice.voice_ignored:
             out[headers.VOICE_IGNORED] = "true"
         if self.ignored_fields:
-            out[headers.IGNORED_FIELDS] = ",".join(self.ignored_fields)
+            out[headers.IGNORED_FIELDS] = ignored_fields_header(self.ignored_fields)
         return out
+
+
+ECHOED_FIELD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""Unknown field names that are echoed in a header: any other name (non-Latin-1, CR/LF, commas,
+spaces, long) could break or forge the response head, so it is only counted."""
+MAX_ECHOED_FIELDS = 16
+
+
+def ignored_fields_header(names: Sequence[str]) -> str:
+    """The `x-qwen3tts-ignored-fields` value: up to 16 safe names, then "+N more" for the rest."""
+    shown = [name for name in names if ECHOED_FIELD_NAME.fullmatch(name)][:MAX_ECHOED_FIELDS]
+    rest = len(names) - len(shown)
+    return ",".join([*shown, f"+{rest} more"] if rest else shown)
 
 
 def sampling_for(body: SpeechRequest, defaults: dict) -> tuple[TalkerSampling, SamplingParams]:
@@ -68,18 +84,44 @@ def plan_speech(body: SpeechRequest, served: ServedModel, profiles: VoiceProfile
     return SpeechPlan(served, request, voice, body.ignored_fields)
 
 
-async def start_stream(plan: SpeechPlan, live_request: SynthesisRequest | None = None) -> Stream:
+async def start_stream(plan: SpeechPlan, live_request: SynthesisRequest | None = None, *,
+                       client: Client | None = None) -> Stream:
     """Queue `plan.request` on its model's engine, or with `live_request` open a stream whose text
-    arrives later; the prompt is built off the event loop. Engine refusals become API errors."""
+    arrives later; the prompt is built off the event loop. Engine refusals become API errors.
+
+    `client` (`clients.client_of(request)`; None = not limited) holds one of its places for as long
+    as the stream lives: 429 `client_limit` when it has none left.
+    """
+    if client is not None:
+        client.acquire()
+    try:
+        stream = await _queue(plan, live_request)
+    except BaseException:
+        if client is not None:
+            client.release()
+        raise
+    if client is not None:
+        stream.add_done_callback(lambda _: client.release())  # however the stream ends
+    return stream
+
+
+async def _queue(plan: SpeechPlan, live_request: SynthesisRequest | None) -> Stream:
     engine = plan.served.engine
     loop = asyncio.get_running_loop()
+    if live_request is None:
+        queued = asyncio.ensure_future(asyncio.to_thread(engine.submit, plan.request, loop))
+    else:
+        queued = asyncio.ensure_future(asyncio.to_thread(engine.open_text_stream, live_request, loop))
     try:
-        if live_request is None:
-            return await asyncio.to_thread(engine.submit, plan.request, loop)
-        return await asyncio.to_thread(engine.open_text_stream, live_request, loop)
+        return await asyncio.shield(queued)
+    except asyncio.CancelledError:  # the caller went away: a stream queued meanwhile must not run orphaned
+        queued.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().cancel())
+        raise
     except EngineBusy:
         raise queue_full(engine.load()["waiting"]) from None
-    except EngineStopped:
-        raise unavailable("The engine is not running (the server is starting or stopping); retry.") from None
+    except EngineStopped as e:
+        raise unavailable(f"The engine is not running ({e}); retry.", retry_after_s=e.retry_after_s) from None
+    except ContextLengthExceeded as e:
+        raise context_length_exceeded(str(e)) from None
     except PromptError as e:
         raise invalid_request(str(e)) from None

@@ -12,15 +12,26 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
+from .config import ServerConfig
+from .connections import uvicorn_config
+
 
 class ServerThread:
-    """uvicorn on 127.0.0.1 and a free port, in a daemon thread; a context manager."""
+    """uvicorn on 127.0.0.1 and a free port, in a daemon thread; a context manager.
+
+    It runs with the settings `serve` uses (`connections.uvicorn_config`: header timeout, connection
+    limit) for `config`, by default the app's own `ServerConfig`.
+    """
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", log_level: str = "warning",
-                 startup_timeout_s: float = 60.0):
+                 startup_timeout_s: float = 60.0, config: ServerConfig | None = None):
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level=log_level,
-                                                    timeout_graceful_shutdown=2))
+        if config is None:
+            state = getattr(app.state, "qtts", None)
+            config = state.config if state is not None else ServerConfig()
+        self.config = config
+        self.server = uvicorn.Server(uvicorn_config(app, config, host=host, port=0, log_level=log_level,
+                                                   timeout_graceful_shutdown=2))
         self._thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
         self._timeout = startup_timeout_s
         self.host = host

@@ -7,57 +7,81 @@ One connection carries any number of utterances ("sessions"), one at a time:
     client -> {"type": "text", "text": "Hel"}  {"type": "text", "text": "lo th"} ...
     server <- binary frames: audio (pcm = s16le, 24 kHz, mono) as soon as each chunk exists
     client -> {"type": "stop"}      (finish speaking)   or   {"type": "cancel"}   (stop now)
-    server <- {"type": "done", "id", "finish_reason", "usage": {...}, "audio_s", "timings": {...}}
+    server <- {"type": "done", "id", "finish_reason", "usage": {...}, "audio_s", "limit", "timings": {...}}
 
 Every session always runs in the streaming text mode: the engine speaks each token once its
 tokenization is final, so audio starts long before the sentence is complete, and the codes are
 exactly those of the same text sent at once (same seed). A session that got `started` ends with
-exactly one `done` (finish_reason eos, max_frames, budget, cancelled or error); the socket then
-takes the next `start`. An `error` event ({"type": "error", "error": {message, type, param, code}},
-OpenAI's envelope) never ends a session by itself: a rejected message changes nothing, and a session
-that fails reports `error` and then `done` with finish_reason "error".
+exactly one `done` (finish_reason eos, max_frames, budget, cancelled or error) unless the socket
+itself ends first; the socket then takes the next `start`. An `error` event ({"type": "error",
+"error": {message, type, param, code}}, OpenAI's envelope) never ends a session by itself: a
+rejected message changes nothing, and a session that fails reports `error` and then `done` with
+finish_reason "error". Error texts are written for clients: engine and encoder failures say only
+that they happened (with the session id; the detail is in the server log).
 
 Authentication (the HTTP middleware does not see WebSockets): `?api_key=KEY`, the subprotocol
 `bearer.KEY` (what a browser can send; offer `qtts.v1` with it), or `Authorization: Bearer KEY`.
 Browsers do not apply CORS to WebSockets, so a connection whose `Origin` is neither this server's
 own host nor one of `--cors-origin` is refused: any web page could otherwise make the server talk.
-Refusals are an `error` event, then close code 1008.
+A `Host` outside the allowed hosts (DNS rebinding) is refused the same way. These refusals are an
+`error` event, then close code 1008.
+
+Limits (`api/limits.py` `ServerLimits`, per server):
+- `max_sockets_per_client` (a client is its address: `clients.client_address`) and `max_sockets`
+  in all: one more is accepted, told `error` (code `too_many_sockets`, type rate_limit_error) and
+  closed with 1013 ("try again later"). Not an HTTP 429 before the upgrade: a browser cannot read
+  that answer. Each session is also one of the client's speech streams (`client_limit` on `start`).
+- `ws_max_message_bytes`: a bigger message gets `error` (code `payload_too_large`), then close
+  1009; a running session is cancelled. (uvicorn's `ws_max_size` drops far bigger ones itself.)
+- `ws_max_session_chars`: text past it is refused (`string_above_max_length`); the session goes on.
+- `ws_idle_timeout_s`: a session without non-blank text for this long (from `started`, then from
+  each text that is not empty or whitespace) is stopped as if `stop` had come (cancelled when it
+  never got any text); its `done` says `"limit": "idle_timeout"` (and `"idle_timeout": true`).
+- `ws_max_session_s`: at this age a session is stopped the same way, `"limit": "session_length"`
+  (what was sent is still spoken). 0 turns either timer off.
+- `send_timeout_s`: a client that takes no message for this long (its audio piles up) is ended:
+  its stream is cancelled, the server stops sending and closes with 1008 "send_timeout" (a client
+  that never reads again never sees that frame), and everything the socket held is freed.
 
 A client that disconnects cancels its stream; the engine frees the slot at its next iteration.
-A session that gets no `text` for IDLE_TIMEOUT_S seconds (a forgotten socket) is finished by the
-server as if `stop` had come (cancelled when it never got any text), so it cannot hold an engine
-slot forever; its `done` says `"idle_timeout": true`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import math
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, WebSocket
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from starlette.datastructures import Headers
+from starlette.types import Message
 
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
 from qwen3_tts_gguf.scheduler import Stream
 
+from .clients import client_address, client_of, parse_networks
 from .errors import (
+    RATE_LIMIT,
     SERVER_ERROR,
     APIError,
     invalid_request,
+    payload_too_large,
     synthesis_failed,
     unauthorized,
     validation_error,
 )
+from .hosts import host_allowed, host_not_allowed, origin_allowed
+from .limits import ServerLimits
 from .middleware import bearer_token, key_matches
-from .schemas import MAX_INPUT_CHARS, SpeechRequest
+from .schemas import SpeechRequest
 from .state import AppState, get_state
 from .streaming import OffloadedEncoder
 from .synthesis import SpeechPlan, plan_speech, start_stream
@@ -71,15 +95,11 @@ PATH = "/v1/ws"
 SUBPROTOCOL = "qtts.v1"
 KEY_SUBPROTOCOL_PREFIX = "bearer."
 CLOSE_POLICY_VIOLATION = 1008
-MAX_SESSION_CHARS = MAX_INPUT_CHARS
-"""Text one session may take, as for `input` (longer answers: one session per paragraph). The
-engine's TextFeed re-tokenizes its whole buffer on every delta, so this also bounds that cost."""
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_TRY_AGAIN_LATER = 1013
 NOT_FOR_LIVE_TEXT = ("input", "text_mode", "stream_format")
 """Speech-request fields a session ignores (the text comes in deltas, always in streaming mode)."""
 _PLACEHOLDER_INPUT = "(live text)"
-IDLE_TIMEOUT_S: float | None = 30.0
-"""Seconds a session may go without a `text` message (from `started`, then from each text) before
-the server stops it as if `stop` had come; None or 0: never. Read when a session starts."""
 
 
 def _error_event(error: APIError, session_id: str | None = None) -> dict[str, Any]:
@@ -113,20 +133,12 @@ def chosen_subprotocol(websocket: WebSocket) -> str | None:
     return next((p for p in offered if p.startswith(KEY_SUBPROTOCOL_PREFIX)), None)
 
 
-def origin_allowed(headers: Headers, cors_origins: tuple[str, ...]) -> bool:
-    """No Origin (not a browser), the server's own origin (the web console), or a CORS origin."""
-    origin = headers.get("origin")
-    if origin is None:
-        return True
-    if "*" in cors_origins or origin in cors_origins:
-        return True
-    return bool(origin != "null" and urlsplit(origin).netloc.lower() == headers.get("host", "").lower())
-
-
 def handshake_problem(websocket: WebSocket, state: AppState) -> APIError | None:
     """Why this connection must be refused, or None."""
     config = state.config
-    if not origin_allowed(Headers(scope=websocket.scope), config.cors_origins):
+    if not host_allowed(websocket.scope, config):  # DNS rebinding: api/hosts.py
+        return host_not_allowed(websocket.headers.get("host"))
+    if not origin_allowed(websocket.scope, config):
         return _policy_error(f"Origin '{websocket.headers.get('origin')}' may not open WebSockets here "
                              "(start the server with --cors-origin to allow it).", "origin_not_allowed")
     if config.api_key:
@@ -135,6 +147,42 @@ def handshake_problem(websocket: WebSocket, state: AppState) -> APIError | None:
             return unauthorized("You didn't provide an API key: use ?api_key=<key> or the subprotocol "
                                 "'bearer.<key>'." if key is None else "Incorrect API key provided.")
     return None
+
+
+class SocketCounts:
+    """Open WebSockets in all and per client (used on the event loop only, so no lock)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.by_client: Counter[str] = Counter()
+
+    def admit(self, client: str, limits: ServerLimits) -> APIError | None:
+        """Count one more socket of `client`, or say why it may not open (429-like, retry later)."""
+        if self.by_client[client] >= limits.max_sockets_per_client:
+            message = (f"This client has {self.by_client[client]} WebSockets open, the most one client may "
+                       "have: close one (or run several utterances on one socket) and retry.")
+        elif self.total >= limits.max_sockets:
+            message = f"The server has {self.total} WebSockets open, its limit; retry shortly."
+        else:
+            self.total += 1
+            self.by_client[client] += 1
+            return None
+        return APIError(message, status_code=429, type=RATE_LIMIT, code="too_many_sockets")
+
+    def release(self, client: str) -> None:
+        self.total -= 1
+        self.by_client[client] -= 1
+        if self.by_client[client] <= 0:
+            del self.by_client[client]
+
+
+def socket_counts(websocket: WebSocket) -> SocketCounts:
+    """The app's SocketCounts (made on first use)."""
+    app_state = websocket.app.state
+    counts = getattr(app_state, "qtts_sockets", None)
+    if counts is None:
+        counts = app_state.qtts_sockets = SocketCounts()
+    return counts
 
 
 # -- start message ---------------------------------------------------------------------------------
@@ -172,13 +220,14 @@ class Session:
     started_at: float
     chars: int = 0
     has_text: bool = False
+    """Some text that is not blank came (blank deltas are spoken but keep no session alive)."""
     first_text_at: float | None = None
     first_audio_at: float | None = None
     samples: int = 0
     stopped: bool = False
     cancelled: bool = False
-    idle_timeout: bool = False
-    """The server ended the text because none came for IDLE_TIMEOUT_S."""
+    limit: str | None = None
+    """The server limit that ended the text: "idle_timeout" or "session_length"."""
     last_text_at: float = 0.0
     pump: asyncio.Task | None = None
     watchdog: asyncio.Task | None = None
@@ -188,12 +237,26 @@ class Session:
         return self.plan.served.model.sample_rate
 
     def push(self, delta: str) -> None:
-        self.last_text_at = time.monotonic()
+        now = time.monotonic()
         if self.first_text_at is None:
-            self.first_text_at = self.last_text_at
+            self.first_text_at = now
+        if delta.strip():
+            self.last_text_at = now
+            self.has_text = True
         self.chars += len(delta)
-        self.has_text = self.has_text or bool(delta.strip())
         self.stream.push_text(delta)
+
+    def stop(self) -> None:
+        """No more text: speak what came."""
+        if not self.stopped and not self.cancelled:
+            self.stopped = True
+            self.stream.close_text()
+
+    def cancel(self) -> None:
+        """Stop at once; the engine frees the slot at its next iteration."""
+        if not self.cancelled:
+            self.cancelled = True
+            self.stream.cancel()
 
     def done_event(self, finish_reason: str) -> dict[str, Any]:
         result = self.stream.result
@@ -206,7 +269,7 @@ class Session:
             "type": "done", "id": self.id, "finish_reason": finish_reason,
             "usage": {"input_tokens": text_tokens, "output_tokens": frames, "total_tokens": text_tokens + frames},
             "audio_s": round(self.samples / self.sample_rate, 4),
-            "idle_timeout": self.idle_timeout,
+            "limit": self.limit, "idle_timeout": self.limit == "idle_timeout",
             "timings": {
                 "first_audio_s": first_audio,  # from the first text message to the first audio sent
                 "elapsed_s": round(now - self.started_at, 4),
@@ -218,12 +281,27 @@ class Session:
 class Connection:
     """One WebSocket: reads messages, runs at most one Session at a time, writes audio and events."""
 
-    def __init__(self, websocket: WebSocket, state: AppState):
+    def __init__(self, websocket: WebSocket, state: AppState, client: str = ""):
         self.ws = websocket
         self.state = state
+        self.client = client
+        self.limits = state.config.limits
         self.session: Session | None = None
         self._send_lock = asyncio.Lock()
-        self._open = True
+        self._ended: asyncio.Future[tuple[int, str] | None] = asyncio.get_running_loop().create_future()
+        """Set once nothing more goes to the client: None when it left, else the (code, reason) to
+        close with (the server ends the socket)."""
+
+    @property
+    def open(self) -> bool:
+        return not self._ended.done()
+
+    def end(self, close: tuple[int, str] | None = None) -> None:
+        """Send nothing more (then close with `close`); cancel the running stream."""
+        if self.open:
+            self._ended.set_result(close)
+        if self.session is not None:
+            self.session.cancel()
 
     # -- sending (the reader and the audio pump both send) ------------------------------------
     async def send_event(self, event: dict[str, Any]) -> None:
@@ -233,40 +311,75 @@ class Connection:
         await self.send_event(_error_event(error, session_id))
 
     async def _send(self, message: dict[str, Any]) -> None:
-        if not self._open:
-            return
+        """Send, or end the socket: a client that takes nothing for `send_timeout_s` is ended."""
         async with self._send_lock:
+            if not self.open:
+                return
             try:
-                await self.ws.send(message)
+                async with asyncio.timeout(self.limits.send_timeout_s):
+                    await self.ws.send(message)
+            except TimeoutError:
+                log.warning("websocket client %s read nothing for %g s: ending its socket (session %s)",
+                            self.client, self.limits.send_timeout_s, self.session.id if self.session else None)
+                self.end((CLOSE_POLICY_VIOLATION, "send_timeout"))
             except Exception:  # the client is gone (disconnect, reset): stop talking to it
-                self._open = False
+                self.end()
 
     # -- main loop ------------------------------------------------------------------------------
     async def run(self) -> None:
+        """Answer messages until the client leaves or the server ends the socket; then free it all."""
         try:
-            while True:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                if message.get("text") is not None:
-                    await self.handle_text(message["text"])
-                else:
-                    await self.send_error(invalid_request(
-                        "Binary messages are not part of this protocol: send JSON text messages.",
-                        code="unsupported_message"))
+            while (message := await self._receive()) is not None:
+                await self.handle(message)
         except Exception:  # the socket broke mid-receive
             log.debug("websocket receive failed", exc_info=True)
         finally:
-            self._open = False
+            self.end()
             await self.release()
+        close = self._ended.result()
+        if close is not None:  # bounded: a client that reads nothing never takes the close frame
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.limits.send_timeout_s):
+                    await self.ws.close(*close)
+
+    async def _receive(self) -> Message | None:
+        """The next client message; None once the client left or the socket was ended."""
+        receiving = asyncio.ensure_future(self.ws.receive())
+        try:
+            await asyncio.wait((receiving, self._ended), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not receiving.done():
+                receiving.cancel()
+        if receiving.cancelled():
+            return None
+        message = receiving.result()
+        return message if self.open and message["type"] != "websocket.disconnect" else None
+
+    async def handle(self, message: Message) -> None:
+        """One received message: its size first, then text (the protocol) or binary (refused)."""
+        text = message.get("text")
+        size = len(text.encode()) if text is not None else len(message.get("bytes") or b"")
+        limit = self.limits.ws_max_message_bytes
+        if size > limit:
+            await self.send_error(payload_too_large(f"A message may have at most {limit} bytes; this one has "
+                                                    f"{size}. Send long text as several 'text' messages."),
+                                  self._session_id())
+            self.end((CLOSE_MESSAGE_TOO_BIG, "payload_too_large"))
+        elif text is not None:
+            await self.handle_text(text)
+        else:
+            await self.send_error(invalid_request(
+                "Binary messages are not part of this protocol: send JSON text messages.",
+                code="unsupported_message"), self._session_id())
 
     async def handle_text(self, raw: str) -> None:
         """One client message; every problem becomes an `error` event."""
         try:
             try:
                 message = json.loads(raw)
-            except ValueError as e:
-                raise invalid_request(f"The message is not valid JSON ({e}).", code="invalid_json") from None
+            except (ValueError, RecursionError) as e:  # RecursionError: nested past the parser's depth
+                where = f" at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+                raise invalid_request(f"The message is not valid JSON{where}.", code="invalid_json") from None
             if not isinstance(message, dict):
                 raise invalid_request("A message must be a JSON object with a 'type'.", param="type")
             kind = message.get("type")
@@ -276,12 +389,15 @@ class Connection:
                                       param="type")
             await handler(message)
         except APIError as e:
-            await self.send_error(e, self.session.id if self.session else None)
+            await self.send_error(e, self._session_id())
         except Exception:  # a bug must not take the socket (or the server) down: report it, go on
-            log.exception("websocket message failed")
+            log.exception("websocket message failed (session %s)", self._session_id())
             await self.send_error(APIError("The server had an error while processing your message.",
                                            status_code=500, type=SERVER_ERROR, code="internal_error"),
-                                  self.session.id if self.session else None)
+                                  self._session_id())
+
+    def _session_id(self) -> str | None:
+        return self.session.id if self.session else None
 
     # -- messages ---------------------------------------------------------------------------------
     async def start(self, message: dict[str, Any]) -> None:
@@ -296,7 +412,7 @@ class Connection:
         sample_rate = plan.served.model.sample_rate
         encoder = StreamingEncoder(body.response_format, sample_rate, body.speed)
         try:
-            stream = await start_stream(plan, request)
+            stream = await start_stream(plan, request, client=client_of(self.ws))
         except BaseException:
             encoder.close()
             raise
@@ -312,9 +428,8 @@ class Connection:
             "ignored_fields": list(ignored),
         })
         session.pump = asyncio.create_task(self._pump(session), name=f"ws-pump-{session.id[:8]}")
-        if IDLE_TIMEOUT_S:
-            session.watchdog = asyncio.create_task(self._watch_idle(session, float(IDLE_TIMEOUT_S)),
-                                                   name=f"ws-idle-{session.id[:8]}")
+        if self.limits.ws_idle_timeout_s or self.limits.ws_max_session_s:
+            session.watchdog = asyncio.create_task(self._watch(session), name=f"ws-watch-{session.id[:8]}")
 
     async def text(self, message: dict[str, Any]) -> None:
         session = self._require_session("text")
@@ -325,40 +440,35 @@ class Connection:
         if session.stopped or session.cancelled:
             raise invalid_request(f"This stream was already {'stopped' if session.stopped else 'cancelled'}: "
                                   "wait for 'done' and send a new 'start'.", code="stream_closed")
-        if session.chars + len(delta) > MAX_SESSION_CHARS:
-            raise invalid_request(f"A stream takes at most {MAX_SESSION_CHARS} characters of text; this text "
-                                  "was not added.", param="text", code="string_above_max_length")
+        limit = self.limits.ws_max_session_chars
+        if session.chars + len(delta) > limit:
+            raise invalid_request(f"A stream takes at most {limit} characters of text; this text was not added "
+                                  "(send 'stop', then the rest in a new stream).", param="text",
+                                  code="string_above_max_length")
         session.push(delta)
 
     async def stop(self, _: dict[str, Any]) -> None:
-        session = self._require_session("stop")
-        if not session.stopped and not session.cancelled:
-            session.stopped = True
-            session.stream.close_text()
+        self._require_session("stop").stop()
 
     async def cancel(self, _: dict[str, Any]) -> None:
         """Stop at once; audio not yet sent is dropped. Idle: nothing to do (a cancel racing a `done`)."""
-        session = self.session
-        if session is not None and not session.cancelled:
-            session.cancelled = True
-            session.stream.cancel()
+        if self.session is not None:
+            self.session.cancel()
 
-    async def _watch_idle(self, session: Session, timeout: float) -> None:
-        """Stop `session` once it has had no text for `timeout` seconds (a forgotten socket must not
-        hold its engine slot): as `stop` does, or as `cancel` when there is no text to speak."""
+    async def _watch(self, session: Session) -> None:
+        """Stop `session` at its idle timeout or its length limit (a forgotten or endless session must
+        not hold its engine slot): as `stop` does, or as `cancel` when it got no text to speak."""
+        idle, longest = self.limits.ws_idle_timeout_s, self.limits.ws_max_session_s
         while not (session.stopped or session.cancelled):
-            remaining = session.last_text_at + timeout - time.monotonic()
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+            idle_at = session.last_text_at + idle if idle else math.inf
+            end_at = session.started_at + longest if longest else math.inf
+            wait = min(idle_at, end_at) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
                 continue
-            session.idle_timeout = True
-            log.info("websocket stream %s got no text for %g s: stopping it", session.id, timeout)
-            if session.has_text:
-                session.stopped = True
-                session.stream.close_text()
-            else:
-                session.cancelled = True
-                session.stream.cancel()
+            session.limit = "session_length" if end_at <= idle_at else "idle_timeout"
+            log.info("websocket stream %s reached its %s limit: stopping it", session.id, session.limit)
+            session.stop() if session.has_text else session.cancel()
 
     def _require_session(self, kind: str) -> Session:
         if self.session is None:
@@ -369,6 +479,7 @@ class Connection:
     # -- audio ------------------------------------------------------------------------------------
     async def _pump(self, session: Session) -> None:
         """Engine chunks -> encoder -> binary frames; then `done` (and `error` first if it failed)."""
+        error: APIError | None = None
         try:
             async for chunk in session.stream:
                 if session.cancelled:
@@ -377,23 +488,20 @@ class Connection:
                 data = await session.encoder.encode(chunk.samples)
                 if data:
                     await self._send_audio(session, data)
-            result = session.stream.result
-            reason = result.finish_reason
+            reason = session.stream.result.finish_reason
             if reason != "error":
                 tail = await session.encoder.finish()
                 if tail and not session.cancelled:
                     await self._send_audio(session, tail)
-        except Exception as e:  # an encoder failure: end this session, keep the socket
-            log.exception("websocket stream %s failed", session.id)
-            session.stream.cancel()
+            elif not session.has_text:
+                error = invalid_request("No text was sent before 'stop'.", param="text", code="empty_input")
+            else:  # the engine's text is for the log (`_record`), not for the client
+                error = synthesis_failed(f"the engine failed while speaking stream {session.id}.")
+        except Exception:  # an encoder failure: end this session, keep the socket
+            log.exception("websocket stream %s: encoding failed", session.id)
+            session.cancel()
             reason = "error"
-            result = None
-            error: APIError | None = synthesis_failed(f"{type(e).__name__}: {e}")
-        else:
-            error = None
-            if reason == "error":
-                error = (invalid_request("No text was sent before 'stop'.", param="text", code="empty_input")
-                         if not session.has_text else synthesis_failed(result.error or "unknown error"))
+            error = synthesis_failed(f"the audio of stream {session.id} could not be encoded.")
         finally:
             session.encoder.close()
             if session.watchdog is not None:
@@ -409,9 +517,8 @@ class Connection:
         if session.first_audio_at is None:
             session.first_audio_at = time.monotonic()
         await self._send({"type": "websocket.send", "bytes": data})
-        if not self._open and not session.cancelled:  # the client left while we were sending
-            session.cancelled = True
-            session.stream.cancel()
+        if not self.open:  # the client left (or was ended) while we were sending
+            session.cancel()
 
     def _record(self, session: Session, reason: str) -> None:
         """Metrics: streams by finish reason, audio seconds, time from first text to first audio.
@@ -427,12 +534,11 @@ class Connection:
                         session.stream.result.error if session.stream.result else "encoder failure")
 
     async def release(self) -> None:
-        """The socket is gone: cancel the running stream and wait for its pump to finish."""
+        """The socket is over: cancel the running stream and wait for its pump to finish."""
         session = self.session
         if session is None:
             return
-        session.cancelled = True
-        session.stream.cancel()
+        session.cancel()
         if session.pump is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(session.pump), timeout=10)
@@ -444,18 +550,34 @@ class Connection:
                 raise
 
 
+async def _refuse(websocket: WebSocket, problem: APIError, code: int, timeout_s: float) -> None:
+    """An `error` event, then close with `code` (reason: the error code)."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(timeout_s):
+            await websocket.send_text(json.dumps(_error_event(problem)))
+            await websocket.close(code, reason=problem.code or "refused")
+
+
 @router.websocket(PATH)
 async def speech_socket(websocket: WebSocket) -> None:
     """Live text to speech; see the module docstring for the protocol."""
     state = get_state(websocket)
+    limits = state.config.limits
     await websocket.accept(subprotocol=chosen_subprotocol(websocket))
     problem = handshake_problem(websocket, state)
     if problem is not None:
-        await websocket.send_text(json.dumps(_error_event(problem)))
-        await websocket.close(CLOSE_POLICY_VIOLATION, reason=problem.code or "policy_violation")
+        await _refuse(websocket, problem, CLOSE_POLICY_VIOLATION, limits.send_timeout_s)
         return
-    await Connection(websocket, state).run()
+    client = client_address(websocket.scope, parse_networks(limits.trusted_proxies))
+    counts = socket_counts(websocket)
+    problem = counts.admit(client, limits)
+    if problem is not None:
+        await _refuse(websocket, problem, CLOSE_TRY_AGAIN_LATER, limits.send_timeout_s)
+        return
+    try:
+        await Connection(websocket, state, client).run()
+    finally:
+        counts.release(client)
 
 
-__all__ = ["router", "PATH", "SUBPROTOCOL", "IDLE_TIMEOUT_S", "Connection", "Session", "speech_request",
-           "origin_allowed"]
+__all__ = ["router", "PATH", "SUBPROTOCOL", "Connection", "Session", "SocketCounts", "speech_request"]

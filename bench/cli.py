@@ -1,8 +1,12 @@
-"""`python -m bench [--quick]`: build the inputs, run every measurement, write docs/benchmarks.md."""
+"""`python -m bench [--quick]`: build the inputs, run every measurement, write docs/benchmarks.md.
+
+`python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import queue
@@ -375,7 +379,13 @@ def _best_limits(runs: list[dict]) -> dict:
     return best
 
 
+SUBCOMMANDS = {"soak": "bench.soak"}  # `python -m bench NAME ...`: NAME's module parses the rest
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
     from .report import render
 

@@ -1,12 +1,14 @@
 """An official Qwen3-TTS 12 Hz checkpoint folder: its configs as types, its tensors, its checks.
 
 `Checkpoint.open(dir)` refuses clearly what the converter cannot take: missing files, a 25 Hz or
-unknown model type, a tensor whose shape does not match its config.
+unknown model type, a config dimension that is absurd (checked before anything is allocated), a
+tensor whose shape does not match its config.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,9 +20,46 @@ REQUIRED_FILES = (
 )
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
 
+# Ceilings on config dimensions: 16x the largest published value (the 1.7B model's, in brackets), far
+# beyond any real Qwen3-TTS model, so a corrupt or hostile config.json is refused before the converter
+# loops over its layers or allocates anything from it.
+MAX_WIDTH = 16 * 6144  # hidden / intermediate / embedding / codec channel widths [intermediate 6144]
+MAX_LAYERS = 16 * 28  # decoder layers [talker 28]
+MAX_HEADS = 16 * 16  # attention heads, query or key/value [16]
+MAX_HEAD_DIM = 16 * 128  # [128]
+MAX_CODEC_VOCAB = 16 * 3072  # talker codec vocabulary, codebook size [3072, 2048]
+MAX_TEXT_VOCAB = 16 * 151936  # text vocabulary [151936]
+MAX_WINDOW = 16 * 72  # codec attention sliding window [72]
+MAX_UPSAMPLE = 16 * 8  # one codec upsampling factor [8]
+MAX_UPSAMPLE_STAGES = 16 * 4  # codec upsampling stages [4]
+MAX_SAMPLES_PER_FRAME = 16 * 1920  # codec output samples per frame, decode_upsample_rate [1920]
+MAX_SAMPLE_RATE = 16 * 24000  # [24000]
+
 
 class CheckpointError(ValueError):
     """A checkpoint folder the converter refuses, with the reason."""
+
+
+def _dim(d: dict, key: str, where: str, ceiling: int, default: int | None = None) -> int:
+    """`d[key]` (or `default` when absent) as a size in 1..ceiling; else a CheckpointError naming the field."""
+    value = d.get(key)
+    if value is None and default is None:
+        raise CheckpointError(f"{where}.{key} is missing")
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ceiling:
+        raise CheckpointError(f"{where}.{key} = {value!r} is not a plausible size (an integer in 1..{ceiling})")
+    return value
+
+
+def _head_dim(d: dict, where: str, hidden: int, heads: int) -> int:
+    """`head_dim`, or hidden // heads where the config leaves it out (then heads must divide hidden)."""
+    if d.get("head_dim") is None and hidden % heads:
+        raise CheckpointError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                              "and no head_dim is given")
+    hd = _dim(d, "head_dim", where, MAX_HEAD_DIM, hidden // heads)
+    if hd % 2:
+        raise CheckpointError(f"{where}.head_dim = {hd} is odd (RoPE rotates pairs)")
+    return hd
 
 
 @dataclass(frozen=True)
@@ -37,12 +76,17 @@ class TransformerConfig:
     rope_theta: float
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TransformerConfig":
+    def from_dict(cls, d: dict, where: str) -> "TransformerConfig":
+        """Read and bound-check one decoder stack's config (`where`: its path in config.json)."""
+        hidden, heads = _dim(d, "hidden_size", where, MAX_WIDTH), _dim(d, "num_attention_heads", where, MAX_HEADS)
+        kv_heads = _dim(d, "num_key_value_heads", where, MAX_HEADS)
+        if heads % kv_heads:
+            raise CheckpointError(f"{where}: num_attention_heads {heads} is not a multiple of "
+                                  f"num_key_value_heads {kv_heads}")
         return cls(
-            hidden_size=int(d["hidden_size"]), num_layers=int(d["num_hidden_layers"]),
-            num_heads=int(d["num_attention_heads"]), num_kv_heads=int(d["num_key_value_heads"]),
-            head_dim=int(d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),
-            intermediate_size=int(d["intermediate_size"]), rms_norm_eps=float(d["rms_norm_eps"]),
+            hidden_size=hidden, num_layers=_dim(d, "num_hidden_layers", where, MAX_LAYERS),
+            num_heads=heads, num_kv_heads=kv_heads, head_dim=_head_dim(d, where, hidden, heads),
+            intermediate_size=_dim(d, "intermediate_size", where, MAX_WIDTH), rms_norm_eps=float(d["rms_norm_eps"]),
             rope_theta=float(d["rope_theta"]),
         )
 
@@ -83,21 +127,42 @@ class CodecDecoderConfig:
 
     @classmethod
     def from_dict(cls, codec: dict) -> "CodecDecoderConfig":
-        d = codec["decoder_config"]
-        heads = int(d.get("num_attention_heads", 16))
+        """Read and bound-check speech_tokenizer/config.json's decoder (defaults: the published values)."""
+        d, where = codec["decoder_config"], "decoder_config"
+        hidden = _dim(d, "hidden_size", where, MAX_WIDTH, 512)
+        heads = _dim(d, "num_attention_heads", where, MAX_HEADS, 16)
+        if _dim(d, "num_key_value_heads", where, MAX_HEADS, heads) != heads:
+            raise CheckpointError(f"{where}: num_key_value_heads must equal num_attention_heads {heads} "
+                                  "(the codec graph has no grouped-query attention)")
+        rates, ratios = _factors(d, "upsample_rates", (8, 5, 4, 3)), _factors(d, "upsampling_ratios", (2, 2))
+        decoder_dim = _dim(d, "decoder_dim", where, MAX_WIDTH, 1536)
+        if decoder_dim >> len(rates) < 1:
+            raise CheckpointError(f"{where}: decoder_dim {decoder_dim} cannot be halved {len(rates)} times")
+        samples_per_frame = _dim(codec, "decode_upsample_rate", "speech_tokenizer", MAX_SAMPLES_PER_FRAME, 1920)
+        if math.prod(rates) * math.prod(ratios) != samples_per_frame:
+            raise CheckpointError(f"speech_tokenizer: decode_upsample_rate {samples_per_frame} is not the product "
+                                  f"of {where}.upsample_rates {list(rates)} and upsampling_ratios {list(ratios)}")
         return cls(
-            codebook_size=int(d.get("codebook_size", 2048)), codebook_dim=int(d.get("codebook_dim", 512)),
-            latent_dim=int(d.get("latent_dim", 1024)), decoder_dim=int(d.get("decoder_dim", 1536)),
-            hidden_size=int(d.get("hidden_size", 512)), intermediate_size=int(d.get("intermediate_size", 1024)),
-            num_layers=int(d.get("num_hidden_layers", 8)), num_heads=heads,
-            head_dim=int(d.get("head_dim") or int(d.get("hidden_size", 512)) // heads),
+            codebook_size=_dim(d, "codebook_size", where, MAX_CODEC_VOCAB, 2048),
+            codebook_dim=_dim(d, "codebook_dim", where, MAX_WIDTH, 512),
+            latent_dim=_dim(d, "latent_dim", where, MAX_WIDTH, 1024), decoder_dim=decoder_dim,
+            hidden_size=hidden, intermediate_size=_dim(d, "intermediate_size", where, MAX_WIDTH, 1024),
+            num_layers=_dim(d, "num_hidden_layers", where, MAX_LAYERS, 8), num_heads=heads,
+            head_dim=_head_dim(d, where, hidden, heads),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)), rope_theta=float(d.get("rope_theta", 10000)),
-            sliding_window=int(d.get("sliding_window", 72)), num_quantizers=int(d.get("num_quantizers", 16)),
-            upsample_rates=tuple(d.get("upsample_rates", (8, 5, 4, 3))),
-            upsampling_ratios=tuple(d.get("upsampling_ratios", (2, 2))),
-            samples_per_frame=int(codec.get("decode_upsample_rate", 1920)),
-            sample_rate=int(codec.get("output_sample_rate", 24000)),
+            sliding_window=_dim(d, "sliding_window", where, MAX_WINDOW, 72),
+            num_quantizers=int(d.get("num_quantizers", 16)), upsample_rates=rates, upsampling_ratios=ratios,
+            samples_per_frame=samples_per_frame,
+            sample_rate=_dim(codec, "output_sample_rate", "speech_tokenizer", MAX_SAMPLE_RATE, 24000),
         )
+
+
+def _factors(d: dict, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A list of codec upsampling factors, each in 1..MAX_UPSAMPLE, at most MAX_UPSAMPLE_STAGES of them."""
+    value = d.get(key, default)
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_UPSAMPLE_STAGES:
+        raise CheckpointError(f"decoder_config.{key} = {value!r} is not a list of 1..{MAX_UPSAMPLE_STAGES} factors")
+    return tuple(_dim({key: v}, key, "decoder_config", MAX_UPSAMPLE) for v in value)
 
 
 @dataclass(frozen=True)
@@ -133,19 +198,24 @@ def parse_config(config: dict, codec_config: dict) -> ModelConfig:
     try:
         t = config["talker_config"]
         cp = t["code_predictor_config"]
+        where = "talker_config"
         talker = TalkerConfig(
-            **vars(TransformerConfig.from_dict(t)),
-            vocab_size=int(t["vocab_size"]), text_vocab_size=int(t.get("text_vocab_size", 151936)),
-            text_hidden_size=int(t["text_hidden_size"]), num_code_groups=int(t.get("num_code_groups", 16)),
+            **vars(TransformerConfig.from_dict(t, where)),
+            vocab_size=_dim(t, "vocab_size", where, MAX_CODEC_VOCAB),
+            text_vocab_size=_dim(t, "text_vocab_size", where, MAX_TEXT_VOCAB, 151936),
+            text_hidden_size=_dim(t, "text_hidden_size", where, MAX_WIDTH),
+            num_code_groups=int(t.get("num_code_groups", 16)),
             codec_ids={k: int(t[f"codec_{k}_id" if k != "eos" else "codec_eos_token_id"])
                        for k in ("pad", "bos", "eos", "think", "nothink", "think_bos", "think_eos")},
             language_ids={k.lower(): int(v) for k, v in (t.get("codec_language_id") or {}).items()},
             speaker_ids={k.lower(): int(v[0] if isinstance(v, list) else v) for k, v in (t.get("spk_id") or {}).items()},
             speaker_dialects={k.lower(): v for k, v in (t.get("spk_is_dialect") or {}).items()},
         )
-        code_predictor = TransformerConfig.from_dict(cp)
+        code_predictor = TransformerConfig.from_dict(cp, f"{where}.code_predictor_config")
         codec = CodecDecoderConfig.from_dict(codec_config)
-    except (KeyError, TypeError) as e:
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.json is missing or has a malformed field: {e}") from e
     if talker.num_code_groups != 16 or codec.num_quantizers != talker.num_code_groups:
         raise CheckpointError(f"expected 16 code groups, got talker {talker.num_code_groups} / codec {codec.num_quantizers}")
@@ -155,6 +225,10 @@ def parse_config(config: dict, codec_config: dict) -> ModelConfig:
         "tts_pad": int(config.get("tts_pad_token_id", 151671)), "tts_bos": int(config.get("tts_bos_token_id", 151672)),
         "tts_eos": int(config.get("tts_eos_token_id", 151673)),
     }
+    codec_ids = {**talker.codec_ids, **talker.language_ids, **talker.speaker_ids}
+    for kind, ids, size in (("codec", codec_ids, talker.vocab_size), ("text", special, talker.text_vocab_size)):
+        if bad := {k: v for k, v in ids.items() if not 0 <= v < size}:  # rows the prompt would look up
+            raise CheckpointError(f"{kind} token ids {bad} lie outside the {kind} vocabulary of {size}")
     return ModelConfig(
         model_type=model_type, model_size=str(config.get("tts_model_size", "")), talker=talker,
         code_predictor=code_predictor, codec=codec, special_text_ids=special,

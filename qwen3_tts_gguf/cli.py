@@ -297,6 +297,79 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                    help="talker layers to offload (llama-cpp-python built with CUDA or Vulkan)")
 
 
+def _number(kind, minimum):
+    """An argparse type: an int of at least `minimum`, or (minimum None) a finite float above 0."""
+    def parse(text: str):
+        value = kind(text)
+        if (value < minimum) if minimum is not None else not (0 < value < float("inf")):
+            raise argparse.ArgumentTypeError(f"{text} is out of range (at least {minimum})" if minimum is not None
+                                             else f"{text} is out of range (a number of seconds above 0)")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_COUNT, _SECONDS, _COUNT0 = _number(int, 1), _number(float, None), _number(int, 0)
+
+# serve's limits: one flag per field of api.limits.ServerLimits (same name); a flag left out keeps the
+# field's default, which the help shows (read from ServerLimits only when help is printed)
+SERVE_LIMITS: tuple[tuple[str, object, str], ...] = (
+    ("max_body_bytes", _COUNT, "bytes of a JSON request body (413 above)"),
+    ("max_upload_bytes", _COUNT, "bytes of a voice upload (multipart; 413 above)"),
+    ("max_form_fields", _COUNT, "parts of a voice upload, the audio file included (400 above)"),
+    ("body_timeout_s", _SECONDS, "seconds for a request body to arrive after its headers (408)"),
+    ("header_timeout_s", _SECONDS, "seconds for a connection to send a complete request head (then closed)"),
+    ("max_connections", _COUNT, "open connections in all (503 above)"),
+    ("max_requests_per_client", _COUNT, "speech streams (active + waiting) of one client address (429 above); "
+                                        "default: half the default model's --max-streams, at least 1"),
+    ("trusted_proxies", str, "proxy address or network whose X-Forwarded-For names the client (repeat; "
+                             "default none)"),
+    ("allowed_hosts", str, "Host name accepted (repeat; '*' = any, '*.example.com' = subdomains); default: the "
+                           "loopback names when bound to a loopback address, else any"),
+    ("send_timeout_s", _SECONDS, "seconds a client may read none of its audio before it is ended"),
+    ("ws_max_message_bytes", _COUNT, "bytes of one WebSocket message"),
+    ("ws_max_session_chars", _COUNT, "characters of text one WebSocket stream may take"),
+    ("ws_max_session_s", _SECONDS, "seconds one WebSocket stream may last"),
+    ("ws_idle_timeout_s", _SECONDS, "seconds a WebSocket stream may go without text before it is stopped"),
+    ("max_sockets", _COUNT, "open WebSockets in all"),
+    ("max_sockets_per_client", _COUNT, "open WebSockets of one client"),
+    ("voice_workers", _COUNT, "threads that clone and design voices"),
+    ("voice_queue", _COUNT0, "voice jobs waiting for a worker (429 above)"),
+)
+_REPEATED = {"trusted_proxies": "ADDRESS", "allowed_hosts": "HOST"}
+
+
+def _shown(name: str, value) -> str:
+    if name.endswith("_bytes") and value % 1024 == 0:
+        return f"{value // 1024} KiB" if value < 1024 * 1024 or value % (1024 * 1024) else f"{value >> 20} MiB"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+class _LimitsHelp(argparse.HelpFormatter):
+    """Appends each limit flag's default, read from api.limits.ServerLimits when help is shown."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.dest in {name for name, _, _ in SERVE_LIMITS}:
+            from api.limits import ServerLimits
+
+            default = getattr(ServerLimits(), action.dest)
+            if default not in (None, ()):
+                text += f" (default {_shown(action.dest, default)})"
+        return text
+
+
+def _add_limit_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("limits", "bounds on what one client may send or hold (api/README.md, Limits)")
+    for name, kind, helptext in SERVE_LIMITS:
+        flag = "--" + name.replace("_", "-")
+        if name in _REPEATED:
+            group.add_argument(flag, dest=name, action="append", help=helptext, metavar=_REPEATED[name])
+        else:
+            group.add_argument(flag, dest=name, type=kind, help=helptext,
+                               metavar="SECONDS" if kind is _SECONDS else "BYTES" if name.endswith("_bytes") else "N")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .convert.talker_gguf import QUANTS
 
@@ -390,7 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing converted model")
     p.set_defaults(func=_cmd_pull)
 
-    p = sub.add_parser("serve", help="OpenAI-compatible speech server with the web console")
+    p = sub.add_parser("serve", help="OpenAI-compatible speech server with the web console",
+                       formatter_class=_LimitsHelp)
     p.add_argument("--model", type=Path, action="append", help="model folder (repeat; default: all of model-base/)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
@@ -402,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting for a slot before 429")
     p.add_argument("--deterministic", action="store_true", help="F32 KV cache, flash attention off (parity)")
     _add_device_args(p)
+    _add_limit_args(p)
     p.set_defaults(func=_cmd_serve)
     return parser
 

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 FORMAT_VERSION = 1
+# the files of a model folder: the converter writes them, the engine and the self-check open them
 MANIFEST = "manifest.json"
+TALKER_FILE = "talker.gguf"
+PREDICTOR_FILE = "code_predictor.onnx"
+CODEC_FILE = "codec_decoder.onnx"
+TEXT_TABLES_FILE = "text_tables.safetensors"
+SPEAKER_ENCODER_FILE = "speaker_encoder.onnx"  # Base models only
+CODEC_ENCODER_FILE = "codec_encoder.onnx"  # Base models only
 
 
 class ModelFolderError(ValueError):

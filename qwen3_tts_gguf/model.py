@@ -6,9 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .convert.pipeline import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE
-from .convert.text_tables import FILE_NAME as TEXT_TABLES
-from .manifest import Manifest, ModelFolderError, load_manifest
+from .manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFolderError, load_manifest
+from .manifest import TEXT_TABLES_FILE as TEXT_TABLES
 from .prompt import PromptBuilder
 from .tokenizer import TextTokenizer
 
@@ -27,6 +26,8 @@ class EngineSettings:
     budget_base_frames: int = 75  # runaway protection: a stream never exceeds
     budget_frames_per_token: int = 12  #   base + per_token * text tokens frames
     max_pending: int = 64  # requests waiting for a slot before submit refuses
+    max_pending_live: int = 64  # live-text streams waiting for their first final token (apart from max_pending)
+    max_buffered_audio_s: float = 10.0  # audio a stream may have made ahead of its reader before it pauses
     max_segment_chars: int = 1000  # longer input is split at sentence ends (decoder state carries over)
     prefix_cache: int = 4  # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic)
 

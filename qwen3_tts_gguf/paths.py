@@ -21,8 +21,9 @@ def voices_dir() -> Path:
 
 
 def installed_models(base: Path | None = None) -> list[Path]:
-    """Converted model folders under model-base/ (those with a manifest), sorted by name."""
+    """Converted model folders under model-base/ (those with a manifest), sorted by name. Hidden
+    folders are the converter's work in progress or an old model moved aside: never listed."""
     base = base or model_base_dir()
     if not base.is_dir():
         return []
-    return sorted(p for p in base.iterdir() if (p / "manifest.json").is_file())
+    return sorted(p for p in base.iterdir() if not p.name.startswith(".") and (p / "manifest.json").is_file())

@@ -31,6 +31,10 @@ class PromptError(ValueError):
     """A request the model cannot take (unknown speaker or language, empty text, ...)."""
 
 
+class ContextLengthExceeded(PromptError):
+    """The prompt (instructions + text + voice reference) cannot fit one stream's talker context."""
+
+
 @dataclass(frozen=True, eq=False)
 class ReferencePrompt:
     """An in-context clone's reference: its transcript and its codec codes [T, 16]."""
@@ -158,6 +162,22 @@ class PromptBuilder:
         parts.append(self.tables.text_rows(self.role_ids()))
         parts.append(np.stack(text) + np.stack(codec))
         return np.concatenate(parts).astype(np.float32)
+
+    def fixed_rows(self, voice: VoiceSpec) -> int:
+        """Prompt rows that do not depend on the text (`prefix_rows` + the codec track of
+        `reference_track`), counted without projecting any row; validates the voice like them."""
+        m = self.manifest
+        speaker = check_speaker(m, voice.speaker)
+        language_id = resolve_language(m, VoiceSpec(speaker=speaker, language=voice.language))
+        rows = (3 if language_id is None else 4) + 1  # tags, then codec_pad
+        rows += int(speaker is not None or voice.speaker_embedding is not None)
+        rows += len(self.role_ids())
+        if voice.instruct and m.instruct_supported:
+            rows += len(self.instruct_ids(voice.instruct))
+        if voice.reference is not None:
+            rows += len(self.ref_text_ids(voice.reference.text))
+            rows += np.asarray(voice.reference.codes).reshape(-1, 16).shape[0]
+        return rows + 1  # codec_bos
 
     def ref_text_ids(self, ref_text: str) -> list[int]:
         """Reference transcript ids, sliced from the official template (ids[3:-2])."""

@@ -9,7 +9,7 @@ import numpy as np
 from .prompt import VoiceSpec
 from .sampler import SamplingParams
 
-FINISH_REASONS = ("eos", "max_frames", "budget", "cancelled", "error")
+FINISH_REASONS = ("eos", "max_frames", "budget", "context_full", "cancelled", "error")
 
 
 @dataclass(frozen=True)
@@ -62,3 +62,5 @@ class SynthesisResult:
     codes: np.ndarray = field(default_factory=lambda: np.zeros((0, 16), np.int64))
     error: str | None = None
     timings: dict = field(default_factory=dict)
+    retryable: bool = False
+    """The engine (not this request) failed: the same request may succeed when retried."""

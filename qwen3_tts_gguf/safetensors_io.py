@@ -8,6 +8,7 @@ on access, so a 4 GB checkpoint costs only what is read.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,29 +30,65 @@ def bf16_to_f32(words: np.ndarray) -> np.ndarray:
     return (words.astype(np.uint32) << 16).view(np.float32)
 
 
+_MAX_HEADER = 100_000_000  # bytes of JSON header; real checkpoints have well under 1 MB
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    """The header's JSON object and its length, checked against the file's size."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > min(_MAX_HEADER, size - 8):
+            raise SafetensorsError(f"{path}: header length {header_len} is implausible for a {size}-byte file")
+        header = json.loads(f.read(header_len))
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: the header is not a JSON object")
+    return header, header_len
+
+
+def _check_entry(path: Path, name: str, info: object, data_size: int) -> None:
+    """One tensor's header entry: known dtype, non-negative shape, offsets that exactly hold it."""
+    def ints(v: object, n: int | None = None) -> bool:
+        return isinstance(v, list) and (n is None or len(v) == n) and all(type(x) is int for x in v)
+
+    if not isinstance(info, dict) or not ints(info.get("shape")) or not ints(info.get("data_offsets"), 2):
+        raise SafetensorsError(f"{path}: tensor {name} has a malformed header entry {info!r}")
+    dtype, shape, (start, end) = info.get("dtype"), info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise SafetensorsError(f"{path}: tensor {name} has unsupported dtype {dtype}")
+    if any(d < 0 for d in shape):
+        raise SafetensorsError(f"{path}: tensor {name} has a negative dimension in shape {shape}")
+    if not 0 <= start <= end:
+        raise SafetensorsError(f"{path}: tensor {name} has data offsets [{start}, {end}] out of order")
+    if end > data_size:
+        raise SafetensorsError(f"{path}: tensor {name} runs past the end of the file (truncated?)")
+    expected = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+    if end - start != expected:
+        raise SafetensorsError(f"{path}: tensor {name} has {end - start} bytes of data but {dtype} {shape} "
+                               f"needs {expected}")
+
+
 class SafetensorsFile(Mapping):
-    """A read-only mapping name -> np.ndarray over one .safetensors file (float tensors as f32)."""
+    """A read-only mapping name -> np.ndarray over one .safetensors file (float tensors as f32).
+
+    Opening checks the whole header (raising SafetensorsError, a ValueError, naming the tensor), so
+    a damaged or hostile file fails here rather than in a reshape later."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
-            with open(self.path, "rb") as f:
-                (header_len,) = struct.unpack("<Q", f.read(8))
-                if header_len > 100_000_000:
-                    raise SafetensorsError(f"{self.path}: implausible header length {header_len}")
-                header = json.loads(f.read(header_len))
+            header, header_len = _read_header(self.path)
         except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise SafetensorsError(f"{self.path}: not a readable safetensors file ({e})") from e
-        self.metadata = header.pop("__metadata__", {}) or {}
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict):
+            raise SafetensorsError(f"{self.path}: __metadata__ is not a JSON object")
+        self.metadata = metadata
         self._entries = header
         self._offset = 8 + header_len
         self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
         for name, info in header.items():
-            if info.get("dtype") not in _DTYPES:
-                raise SafetensorsError(f"{self.path}: tensor {name} has unsupported dtype {info.get('dtype')}")
-            start, end = info["data_offsets"]
-            if self._offset + end > self._data.size:
-                raise SafetensorsError(f"{self.path}: tensor {name} runs past the end of the file (truncated?)")
+            _check_entry(self.path, name, info, self._data.size - self._offset)
 
     def dtype_of(self, name: str) -> str:
         """The stored dtype name (e.g. "BF16", "F32")."""

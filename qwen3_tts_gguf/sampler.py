@@ -11,6 +11,18 @@ lower id first, with a caller-supplied uniform number in [0, 1), so a request's 
 reproducible from its own generator. It samples the same distribution as HF's
 `torch.multinomial`, not the same sequence. One deviation from HF: at the top-p boundary, tokens whose logits tie the last kept
 logit are all kept (HF's sort order decides among them).
+
+Every accepted setting gives a finite distribution, whatever the logits (the HTTP schema bounds the
+settings; this module copes with the whole range SamplingParams accepts). Where HF's fp32 maths
+would overflow into inf/NaN, the limit it tends to is used instead; ordinary rows are computed
+exactly as before, bit for bit:
+- NaN logits count as -inf (never drawn).
+- A row whose scaled logits are not all finite-or--inf (a tiny temperature, huge logits, +inf from
+  an extreme repetition penalty): the scaling is redone on logits shifted by their maximum, which
+  is the same distribution without the overflow; a temperature that is 0 in fp32 keeps only the
+  maximal logits (the greedy limit); +inf logits are the only candidates, equally likely.
+- A row with every logit -inf (nothing allowed) draws token 0, as greedy argmax does.
+- top_k beyond the vocabulary is off (as 0), however large.
 """
 
 from __future__ import annotations
@@ -46,6 +58,9 @@ class SamplingParams:
                    top_p=float(gen.get(prefix + "top_p", 1.0)), greedy=not do_sample)
 
 
+_TOP_K_OFF = 2**62  # any top_k from here up means "off" (it exceeds every vocabulary)
+
+
 def pack(params: SamplingParams | Sequence[SamplingParams], batch: int | None = None) -> dict[str, np.ndarray]:
     """Per-row arrays `temperature` f32 [B], `top_k` i64 [B], `top_p` f32 [B], `greedy` bool [B].
 
@@ -56,16 +71,19 @@ def pack(params: SamplingParams | Sequence[SamplingParams], batch: int | None = 
         params = [params] * (1 if batch is None else batch)
     if batch is not None and len(params) != batch:
         raise ValueError(f"{len(params)} sampling settings for a batch of {batch}")
+    with np.errstate(over="ignore"):  # a temperature beyond fp32 becomes inf: handled in filter_sorted
+        temperature = np.array([1.0 if p.greedy else p.temperature for p in params], np.float32)
     return {
-        "temperature": np.array([1.0 if p.greedy else p.temperature for p in params], np.float32),
-        "top_k": np.array([p.top_k for p in params], np.int64),
+        "temperature": temperature,
+        "top_k": np.array([min(int(p.top_k), _TOP_K_OFF) for p in params], np.int64),  # >= vocab: off
         "top_p": np.array([p.top_p for p in params], np.float32),
         "greedy": np.array([p.greedy for p in params], np.bool_),
     }
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    with np.errstate(over="ignore"):  # far below the maximum: -inf, weight 0
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -76,9 +94,14 @@ def filter_sorted(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray
     Returns (order [B, V] token ids by descending scaled logit, ties lower id first; filtered
     [B, V] scaled logits in that order, -inf for removed tokens). The same steps as the ONNX graph.
     """
-    logits = np.asarray(logits, np.float32)
+    logits = _finite_or_inf(logits)
     vocab = logits.shape[-1]
-    scaled = logits / temperature.astype(np.float32)[:, None]
+    temperature = temperature.astype(np.float32)
+    with np.errstate(all="ignore"):
+        scaled = logits / temperature[:, None]
+    bad = ~((np.isfinite(scaled) | (scaled == -np.inf)).all(-1) & np.isfinite(scaled).any(-1))
+    if bad.any():
+        scaled[bad] = _limit_scaled(logits[bad], temperature[bad])
     order = np.argsort(-scaled, axis=-1, kind="stable")
     scaled = np.take_along_axis(scaled, order, axis=-1)
     k = np.where((top_k <= 0) | (top_k >= vocab), vocab, top_k)
@@ -91,9 +114,49 @@ def filter_sorted(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray
     return order, np.where(scaled >= last, scaled, np.float32(-np.inf))
 
 
+def _finite_or_inf(logits: np.ndarray) -> np.ndarray:
+    """fp32 logits with NaN as -inf (a NaN is never drawn); a copy only when there is a NaN."""
+    logits = np.asarray(logits, np.float32)
+    nan = np.isnan(logits)
+    return np.where(nan, np.float32(-np.inf), logits) if nan.any() else logits
+
+
+def _limit_scaled(logits: np.ndarray, temperature: np.ndarray) -> np.ndarray:
+    """logits / temperature for rows where that overflows, is NaN or has no finite value: the same
+    distribution, from logits shifted by their maximum (the maximum scales to 0, every other logit
+    to a negative number or -inf). Never NaN, never +inf, at least one 0 per row."""
+    top = logits.max(-1, keepdims=True)
+    with np.errstate(all="ignore"):
+        shifted = logits - top  # <= 0; -inf where it overflows (that token is out of reach anyway)
+        # temperature 0 in fp32: -inf below the maximum (the greedy limit); inf: -0.0 (uniform)
+        scaled = np.where(shifted == 0, np.float32(0), shifted / temperature[:, None])
+    scaled = np.where(np.isnan(scaled), np.float32(-np.inf), scaled)
+    scaled = np.where(logits == np.inf, np.float32(0), scaled)  # +inf logits: only they, equally likely
+    scaled[(top == -np.inf)[:, 0], 0] = 0  # every logit -inf (nothing allowed): token 0, as argmax gives
+    return scaled.astype(np.float32)
+
+
+def distribution(logits: np.ndarray, params: SamplingParams | Sequence[SamplingParams]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution `sample` draws from: (order [B, V] token ids, probs [B, V] in that order).
+
+    Greedy rows put all the weight on the argmax. Every row is finite and sums to 1.
+    """
+    logits = _finite_or_inf(logits)
+    p = pack(params, logits.shape[0])
+    order, filtered = filter_sorted(logits, p["temperature"], p["top_k"], p["top_p"])
+    probs = _softmax(filtered)
+    greedy = p["greedy"]
+    if greedy.any():
+        order[greedy] = np.argsort(-logits[greedy], axis=-1, kind="stable")  # argmax (first of ties) first
+        probs[greedy] = 0
+        probs[greedy, 0] = 1
+    return order, probs
+
+
 def sample(logits: np.ndarray, params: SamplingParams | Sequence[SamplingParams], rand: np.ndarray) -> np.ndarray:
     """One token per row of [B, V] logits; rand [B] uniform in [0, 1). Returns int64 [B]."""
-    logits = np.asarray(logits, np.float32)
+    logits = _finite_or_inf(logits)
     p = pack(params, logits.shape[0])
     order, filtered = filter_sorted(logits, p["temperature"], p["top_k"], p["top_p"])
     cdf = np.cumsum(_softmax(filtered), axis=-1, dtype=np.float32)
@@ -102,6 +165,9 @@ def sample(logits: np.ndarray, params: SamplingParams | Sequence[SamplingParams]
     pos = np.minimum((cdf <= u).sum(-1), n_kept - 1)
     drawn = np.take_along_axis(order, pos[:, None], axis=-1)[:, 0]
     return np.where(p["greedy"], logits.argmax(-1), drawn).astype(np.int64)
+
+
+_TINY_PENALTY = np.nextafter(np.float32(0), np.float32(1))  # the smallest positive fp32
 
 
 def talker_logits_processors(logits: np.ndarray, history: set[int], step: int, repetition_penalty: float,
@@ -117,8 +183,11 @@ def talker_logits_processors(logits: np.ndarray, history: set[int], step: int, r
     if history and repetition_penalty != 1.0:
         idx = np.fromiter(history, dtype=np.int64)
         picked = scores[idx]
-        scores[idx] = np.where(picked < 0, picked * np.float32(repetition_penalty),
-                               picked / np.float32(repetition_penalty))
+        with np.errstate(all="ignore"):
+            # fp32 as HF; a penalty below fp32's range stays positive (0 / penalty = 0, never NaN):
+            # logits it pushes past fp32 become +inf, which `sample` treats as the only candidates
+            penalty = max(np.float32(repetition_penalty), _TINY_PENALTY)
+            scores[idx] = np.where(picked < 0, picked * penalty, picked / penalty)
     if step < min_new_tokens or not allow_eos:
         scores[eos_id] = -np.inf
     suppressed = np.arange(control_ids_from, scores.shape[0])

@@ -7,18 +7,25 @@ Each iteration (continuous batching; one stream is the special case):
   4. each stream's codec state decodes its pending frames once a chunk is full (1, 2, 4, 8, 8, ...),
      before the talker step, so a chunk's latency does not include it;
   5. one multi-sequence talker decode: new prompts and every stream's next row.
-A stream whose text arrives live (`open_text_stream`) and whose next text row has not arrived
-simply does not step: it keeps its state and goes on when the text comes. Audio leaves as float32
-chunks on a per-request queue (asyncio or thread); a slow reader never blocks the worker. The
-engine knows nothing of HTTP.
+A stream steps only when it can: a live-text stream whose next text row has not arrived, or one
+whose reader is more than `max_buffered_audio_s` behind, keeps its state and waits.
+
+Faults stay in their stream: whatever fails while building, sampling, predicting or decoding one
+stream ends that stream alone (finish_reason "error"); a failed batched call (code predictor,
+talker decode) is retried stream by stream, with each stream's random state and KV cells rewound,
+so the others produce exactly what they would have. An exception that escapes an iteration (a bug)
+fails the streams it touched and resets the engine's state; if the worker thread dies, `health()`
+says so, waiting requests are failed, and `restart()` starts a new worker (`api/registry.py`
+supervises). KV cells are reserved per stream for its worst case before it starts; a prompt that
+cannot fit one stream's context is refused at submit (`ContextLengthExceeded`).
+The engine knows nothing of HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
-import queue
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -30,12 +37,22 @@ import numpy as np
 
 from .codec import CodecState
 from .model import LoadedModel
-from .prompt import Prompt, PromptError
+from .prompt import ContextLengthExceeded, Prompt, PromptError
 from .request import AudioChunk, SynthesisRequest, SynthesisResult
 from .sampler import sample_code0
+from .stream import Stream
 from .talker import DecodeItem, Talker
-from .text_feed import TextFeed
 from .text_segments import split_segments
+from .text_sources import FedText, FixedText, frame_budget
+
+log = logging.getLogger("qwen3_tts_gguf.engine")
+
+HEAD_BYPASS_LIMIT = 4
+"""Admissions that may pass a waiting stream too large for the free KV cells; then the engine
+admits nothing else until it fits (small requests never wait behind a large one for long, and a
+large one is never starved)."""
+MIN_SEGMENT_CHARS = 16
+"""A segment is split no further than this to make it fit the context."""
 
 
 class EngineBusy(RuntimeError):
@@ -43,212 +60,35 @@ class EngineBusy(RuntimeError):
 
 
 class EngineStopped(RuntimeError):
-    """The engine is not running."""
+    """The engine is not running. `retry_after_s`: when a retry may succeed (None: it will not)."""
+
+    def __init__(self, message: str = "the engine is not running", retry_after_s: int | None = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
-class _FixedText:
-    """Text known up front: one prompt per segment (long input is split at sentence ends).
+@dataclass(frozen=True)
+class EngineHealth:
+    """What the supervisor and `/ready` need: is the worker serving, and if not, why."""
 
-    The first segment's prompt is built at submit (its errors reach the caller); each later one is
-    built in the background while the segment before it speaks (`prepare` returns a Future), so
-    neither the first audio nor the engine loop waits for the text rows of a long input."""
-
-    def __init__(self, segments: list[str], tokens: list[int], build: Callable[[str], Prompt],
-                 prepare: Callable[[str], Future]):
-        self._segments, self._tokens, self._prepare = segments, tokens, prepare
-        self.prompts = [build(segments[0])]
-        self._next = prepare(segments[1]) if len(segments) > 1 else None
-        self.segment = 0
+    status: str  # "running" | "stopped" | "failed" (worker died: restart it) | "dead" (gave up)
+    reason: str | None = None
+    restarts: int = 0
 
     @property
-    def prompt(self) -> Prompt:
-        return self.prompts[self.segment]
-
-    def ready(self) -> bool:
-        return True
-
-    def empty(self) -> bool:
-        return False
-
-    def prefill_rows(self) -> np.ndarray:
-        return self.prompt.rows
-
-    def prefill_len(self) -> int:
-        return len(self.prompt.rows)
-
-    def prefix_len(self) -> int:
-        return self.prompt.prefix_len
-
-    def row(self, step: int) -> np.ndarray | None:
-        p = self.prompt
-        return p.trailing[step] if step < len(p.trailing) else p.pad_row
-
-    def segment_tokens(self) -> int:
-        return self._tokens[self.segment]
-
-    @property
-    def text_tokens(self) -> int:
-        return sum(self._tokens)
-
-    def next_segment(self) -> bool:
-        if self._next is None:
-            return False
-        self.prompts.append(self._next.result())  # segments were validated at submit
-        self.segment += 1
-        following = self.segment + 1
-        self._next = self._prepare(self._segments[following]) if following < len(self._segments) else None
-        return True
+    def ok(self) -> bool:
+        return self.status == "running"
 
 
-class _FedText:
-    """Text arriving live (streaming text mode): rows are made as tokens are committed.
+class _StreamFault(Exception):
+    """One stream's work failed: end that stream alone (`stage` names what failed, for its client)."""
 
-    The streaming layout pairs the first Nc text rows with Nc codec rows in the prompt: Nc = 1
-    (codec_bos) for a plain voice; for an in-context clone the text rows start with the reference
-    transcript and the codec rows are codec_bos + one per reference frame, so the stream starts
-    once Nc text rows are known (or at close, padding with <tts_pad> as the official layout does).
-    Text row Nc + k is added to decode step k; after the text (and its EOS) comes <tts_pad>.
-    """
-
-    def __init__(self, engine: "Engine", request: SynthesisRequest):
-        prompts = engine.model.prompts
-        self._prompts = prompts
-        self._prefix = prompts.prefix_rows(request.voice)  # validates the voice now
-        self._ref_ids, self._codec_rows = prompts.reference_track(request.voice)
-        tokenizer = prompts.tokenizer
-        # plain encode of each new run of pieces = the template's body ids (text not starting with a newline)
-        self.feed = TextFeed(tokenizer.encode, tokenizer.pieces, on_change=engine._notify)
-
-    def _text(self) -> tuple[list[int], bool]:
-        """(reference transcript + committed body ids, closed)."""
-        ids, closed = self.feed.snapshot()
-        return self._ref_ids + ids, closed
-
-    def _text_row(self, index: int, ids: list[int], closed: bool) -> np.ndarray | None:
-        if index < len(ids):
-            return self._prompts.tables.text_rows([ids[index]])[0]
-        if not closed:
-            return None
-        return self._prompts.eos_row if index == len(ids) else self._prompts.pad_row
-
-    def ready(self) -> bool:
-        ids, closed = self._text()
-        return closed or len(ids) >= len(self._codec_rows)
-
-    def empty(self) -> bool:
-        ids, closed = self.feed.snapshot()
-        return closed and not ids
-
-    def prefill_rows(self) -> np.ndarray:
-        ids, closed = self._text()
-        text = np.stack([self._text_row(i, ids, closed) for i in range(len(self._codec_rows))])
-        return np.concatenate([self._prefix, text + self._codec_rows]).astype(np.float32)
-
-    def prefill_len(self) -> int:
-        return len(self._prefix) + len(self._codec_rows)
-
-    def prefix_len(self) -> int:
-        return len(self._prefix)
-
-    def row(self, step: int) -> np.ndarray | None:
-        """Text part of decode step `step`; None = that text has not arrived yet."""
-        ids, closed = self._text()
-        return self._text_row(len(self._codec_rows) + step, ids, closed)
-
-    def segment_tokens(self) -> int:
-        return max(len(self.feed.snapshot()[0]), 1)
-
-    @property
-    def text_tokens(self) -> int:
-        return len(self.feed.snapshot()[0])
-
-    def next_segment(self) -> bool:
-        return False
+    def __init__(self, stage: str):
+        super().__init__(stage)
+        self.stage = stage
 
 
-class Stream:
-    """The consumer's handle on one request: iterate (sync or async) for AudioChunks, then `.result`.
-
-    Streams opened with `Engine.open_text_stream` also take text: `push_text(delta)`, `close_text()`.
-    """
-
-    _ids = itertools.count(1)
-
-    def __init__(self, request: SynthesisRequest, text: _FixedText | _FedText, loop: asyncio.AbstractEventLoop | None,
-                 on_cancel=None):
-        self.id = next(self._ids)
-        self._on_cancel = on_cancel
-        self.request = request
-        self.text = text
-        self.result: SynthesisResult | None = None
-        self.submitted_at = time.monotonic()
-        self.first_audio_at: float | None = None
-        self._cancel = threading.Event()
-        self._loop = loop
-        self._queue: asyncio.Queue | queue.Queue = asyncio.Queue() if loop else queue.Queue()
-
-    @property
-    def prompts(self) -> list[Prompt]:
-        """The segment prompts of a fixed-text stream."""
-        return self.text.prompts
-
-    # -- text input (live streams) ----------------------------------------------------------
-    def push_text(self, delta: str) -> None:
-        """Append text to a live stream; it is spoken as soon as its tokenization is final."""
-        if not isinstance(self.text, _FedText):
-            raise TypeError("this stream's text was given up front")
-        self.text.feed.push(delta)
-
-    def close_text(self) -> None:
-        """No more text: the stream finishes speaking what it has."""
-        if not isinstance(self.text, _FedText):
-            raise TypeError("this stream's text was given up front")
-        self.text.feed.close()
-
-    # -- producer side (engine thread) ------------------------------------------------------
-    def _put(self, event) -> None:
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-            except RuntimeError:  # the consumer's loop is closed: nobody listens any more
-                self._cancel.set()
-        else:
-            self._queue.put(event)
-
-    # -- consumer side ------------------------------------------------------------------------
-    def cancel(self) -> None:
-        """Stop this stream at the next engine iteration and free its slot (or its queue place)."""
-        self._cancel.set()
-        if self._on_cancel is not None:
-            self._on_cancel()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def __iter__(self):
-        assert isinstance(self._queue, queue.Queue), "created with an event loop: use `async for`"
-        while True:
-            event = self._queue.get()
-            if isinstance(event, SynthesisResult):
-                self.result = event
-                return
-            yield event
-
-    def __aiter__(self):
-        return self._aiter()
-
-    async def _aiter(self):
-        assert isinstance(self._queue, asyncio.Queue), "created without an event loop: use `for`"
-        while True:
-            event = await self._queue.get()
-            if isinstance(event, SynthesisResult):
-                self.result = event
-                return
-            yield event
-
-
-@dataclass
+@dataclass(eq=False)
 class _Active:
     """Engine-side state of one admitted stream."""
 
@@ -257,6 +97,7 @@ class _Active:
     rng: np.random.Generator
     segment_frames: int = 0
     pos: int = 0  # next talker position
+    reserved: int = 0  # KV cells held for this stream's worst case
     logits: np.ndarray | None = None
     hidden: np.ndarray | None = None
     history: set = field(default_factory=set)  # codebook-0 ids of the current segment
@@ -269,7 +110,7 @@ class _Active:
     timings: dict = field(default_factory=lambda: {"talker_s": 0.0, "predictor_s": 0.0, "codec_s": 0.0})
 
     @property
-    def text(self):
+    def text(self) -> FixedText | FedText:
         return self.stream.text
 
 
@@ -280,18 +121,25 @@ class Engine:
         self.model = model
         self.settings = model.settings
         self._waiting: deque[Stream] = deque()
+        self._waiting_text: list[Stream] = []  # live streams without a final token (apart from the queue)
         self._active: dict[int, _Active] = {}
         self._free_seqs = list(range(self.settings.max_streams))
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0}
+        self._failure: str | None = None
+        self._dead: str | None = None
+        self._restarts = 0
+        self._bypassed = 0  # admissions that passed the stream at the head of the queue
+        self.heartbeat = time.monotonic()
+        """Updated by the worker at least every 0.25 s while it is not inside one model call."""
+        self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0, "errors": 0,
+                      "prefix_hits": 0, "paused": 0}
         self._primed: dict[str, CodecState] = {}
         # voice prefixes kept in the KV cache: key -> (sequence, rows), least recently used first
         self._prefixes: OrderedDict[str, tuple[int, int]] = OrderedDict()
         first = self.settings.max_streams
         self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
-        self.stats["prefix_hits"] = 0
         self._forget_prefixes = False
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
 
@@ -299,8 +147,10 @@ class Engine:
     def start(self) -> "Engine":
         if self._thread is None:
             self._stopping = False
+            self._failure = None
             self._prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-prompts")
-            self._thread = threading.Thread(target=self._run, name="qwen3-tts-engine", daemon=True)
+            self._thread = threading.Thread(target=self._worker, name="qwen3-tts-engine", daemon=True)
+            self.heartbeat = time.monotonic()
             self._thread.start()
         return self
 
@@ -315,6 +165,43 @@ class Engine:
             self._prompt_pool.shutdown(wait=False, cancel_futures=True)
             self._prompt_pool = None
 
+    def restart(self) -> None:
+        """Start a new worker after the old one died (its streams were failed when it died)."""
+        with self._wake:
+            if self._dead is not None:
+                raise EngineStopped(self._dead, retry_after_s=None)
+            old, self._thread = self._thread, None
+        if old is not None:
+            old.join(timeout=5)
+            if old.is_alive():
+                self.give_up("the engine worker is stuck and cannot be restarted")
+                raise EngineStopped(self._dead, retry_after_s=None)
+        if self._prompt_pool is not None:
+            self._prompt_pool.shutdown(wait=False, cancel_futures=True)
+            self._prompt_pool = None
+        self._reset_state()
+        self._restarts += 1
+        log.warning("restarting the engine of %s (restart %d)", self.model.name, self._restarts)
+        self.start()
+
+    def give_up(self, reason: str) -> None:
+        """Mark the engine as beyond repair: requests get 503 without Retry-After; health says dead."""
+        with self._wake:
+            self._dead = reason
+            self._stopping = True
+            self._wake.notify_all()
+        log.error("engine of %s gave up: %s", self.model.name, reason)
+
+    def health(self) -> EngineHealth:
+        """running, stopped, failed (the worker died; restartable) or dead."""
+        if self._dead is not None:
+            return EngineHealth("dead", self._dead, self._restarts)
+        if self._failure is not None or (self._thread is not None and not self._thread.is_alive()):
+            return EngineHealth("failed", self._failure or "the engine worker stopped", self._restarts)
+        if self._thread is None or self._stopping:
+            return EngineHealth("stopped", "the engine is not running", self._restarts)
+        return EngineHealth("running", None, self._restarts)
+
     def __enter__(self) -> "Engine":
         return self.start()
 
@@ -323,18 +210,20 @@ class Engine:
 
     # -- requests -----------------------------------------------------------------------
     def submit(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
-        """Validate and queue a request. Raises PromptError for bad input, EngineBusy when full."""
+        """Validate and queue a request. Raises PromptError for bad input (ContextLengthExceeded
+        when it cannot fit one stream's context), EngineBusy when full, EngineStopped."""
         self._check_request(request)
         text_mode = request.text_mode or self.model.manifest.default_text_mode
-        segments = split_segments(request.text, self.settings.max_segment_chars) or [request.text]
         builder = self.model.prompts
-        tokens = [len(builder.body_ids(text)) for text in segments]  # every segment checked now (cheap)
+        fixed = builder.fixed_rows(request.voice)  # also validates the voice
+        segments, tokens = self._fit_segments(request.text, fixed)
 
         def build(text: str) -> Prompt:
             return builder.build(text, request.voice, text_mode)
 
-        text = _FixedText(segments, tokens, build, lambda t: self._prompt_pool.submit(build, t))
-        return self._enqueue(Stream(request, text, loop, on_cancel=self._notify))
+        text = FixedText(segments, tokens, [fixed + 1 + n for n in tokens], build,
+                         lambda t: self._prompt_pool.submit(build, t))
+        return self._enqueue(self._new_stream(request, text, loop))
 
     def open_text_stream(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
         """A streaming-text-mode stream whose text arrives later through `push_text`/`close_text`.
@@ -342,19 +231,96 @@ class Engine:
         `request.text` is ignored. Synthesis starts as soon as the first token is final.
         """
         self._check_request(request)
-        return self._enqueue(Stream(request, _FedText(self, request), loop, on_cancel=self._notify))
+        text = FedText(self.model.prompts, request.voice, on_change=self._notify)
+        if text.prefill_len() + self._min_frames(1) > self.model.talker.cells_per_stream:
+            raise ContextLengthExceeded(self._too_long(text.prefill_len()))
+        return self._enqueue(self._new_stream(request, text, loop))
+
+    def _new_stream(self, request: SynthesisRequest, text, loop) -> Stream:
+        backlog = int(self.settings.max_buffered_audio_s * self.model.sample_rate)
+        return Stream(request, text, loop, on_cancel=self._notify, max_backlog_samples=backlog)
 
     def _check_request(self, request: SynthesisRequest) -> None:
-        if self._thread is None or self._stopping:
+        health = self.health()
+        if health.status == "dead":
+            raise EngineStopped(f"the engine failed: {health.reason}", retry_after_s=None)
+        if health.status == "failed":
+            raise EngineStopped("the engine is restarting", retry_after_s=1)
+        if health.status != "running":
             raise EngineStopped("the engine is not running")
         if request.max_frames is not None and request.max_frames < 1:
             raise PromptError(f"max_frames must be >= 1, got {request.max_frames}")
 
+    # -- capacity -------------------------------------------------------------------------
+    def _budget(self, tokens: int) -> int:
+        return frame_budget(self.settings.budget_base_frames, self.settings.budget_frames_per_token, tokens)
+
+    @staticmethod
+    def _min_frames(tokens: int) -> int:
+        """Frames a segment needs at the least to say its text (one per token, and EOS)."""
+        return tokens + 2
+
+    def _too_long(self, rows: int) -> str:
+        return (f"The prompt needs {rows} positions of the model's context, and one stream has "
+                f"{self.model.talker.cells_per_stream}: shorten the instructions or the voice reference.")
+
+    def _fit_segments(self, text: str, fixed_rows: int) -> tuple[list[str], list[int]]:
+        """Segments of `text` that each fit one stream's context with the fixed rows (instructions,
+        voice); a segment that does not fit is split again. ContextLengthExceeded if none can."""
+        cells = self.model.talker.cells_per_stream
+        if fixed_rows + self._min_frames(1) + 1 > cells:
+            raise ContextLengthExceeded(self._too_long(fixed_rows))
+        body_ids = self.model.prompts.body_ids
+        todo = split_segments(text, self.settings.max_segment_chars) or [text]
+        segments: list[str] = []
+        tokens: list[int] = []
+        while todo:
+            segment = todo.pop(0)
+            n = len(body_ids(segment))  # every segment checked now (cheap)
+            if fixed_rows + 1 + n + self._min_frames(n) <= cells or len(segment) <= MIN_SEGMENT_CHARS:
+                if fixed_rows + 1 + n + self._min_frames(n) > cells:
+                    raise ContextLengthExceeded(self._too_long(fixed_rows + 1 + n))
+                segments.append(segment)
+                tokens.append(n)
+                continue
+            half = max(MIN_SEGMENT_CHARS, len(segment) // 2)
+            todo[:0] = split_segments(segment, half) or [segment[:half], segment[half:]]
+        return segments, tokens
+
+    def _reservation(self, act: _Active) -> int:
+        cap = act.stream.request.max_frames
+
+        def frames(tokens: int) -> int:
+            return self._budget(tokens) if cap is None else min(cap, self._budget(tokens))
+
+        return act.text.worst_cells(frames, self.model.talker.cells_per_stream)
+
+    def _cells_in_use(self) -> int:
+        return sum(a.reserved for a in self._active.values()) + sum(rows for _, rows in self._prefixes.values())
+
+    def _shared_pool(self) -> bool:
+        return self.model.talker.cells_per_stream == self.settings.n_ctx
+
+    def _make_room(self, need: int) -> bool:
+        """Whether `need` more cells fit the shared pool, evicting cached prefixes if that helps."""
+        if not self._shared_pool():
+            return True
+        while self._cells_in_use() + need > self.settings.n_ctx and self._prefixes:
+            _, (seq, _) = self._prefixes.popitem(last=False)
+            self.model.talker.drop(seq)
+        return self._cells_in_use() + need <= self.settings.n_ctx
+
+    # -- queue --------------------------------------------------------------------------
     def _enqueue(self, stream: Stream) -> Stream:
         with self._wake:
-            if len(self._waiting) >= self.settings.max_pending:
-                raise EngineBusy(f"{len(self._waiting)} requests are already waiting")
-            self._waiting.append(stream)
+            if isinstance(stream.text, FedText) and not stream.text.ready():
+                if len(self._waiting_text) >= self.settings.max_pending_live:
+                    raise EngineBusy(f"{len(self._waiting_text)} live streams are already waiting for text")
+                self._waiting_text.append(stream)
+            else:
+                if len(self._waiting) >= self.settings.max_pending:
+                    raise EngineBusy(f"{len(self._waiting)} requests are already waiting")
+                self._waiting.append(stream)
             self._wake.notify_all()
         return stream
 
@@ -371,33 +337,91 @@ class Engine:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and not self._stopping
+        return self.health().ok
 
     def load(self) -> dict:
-        """Active streams, waiting requests and free slots (for health and metrics)."""
+        """Active streams, waiting requests, live streams waiting for text, paused streams and free
+        slots (for health and metrics)."""
         with self._wake:
-            return {"active": len(self._active), "waiting": len(self._waiting), "free_slots": len(self._free_seqs)}
+            return {"active": len(self._active), "waiting": len(self._waiting),
+                    "waiting_text": len(self._waiting_text), "free_slots": len(self._free_seqs),
+                    "paused": sum(a.stream.paused for a in self._active.values())}
 
     # -- worker -------------------------------------------------------------------------
-    def _runnable(self) -> bool:
-        if any(s.cancelled or s.text.ready() for s in self._waiting) and self._free_seqs:
-            return True
-        return any(a.stream.cancelled or a.logits is None or a.text.row(a.segment_frames) is not None
-                   for a in self._active.values())
+    def _can_step(self, act: _Active) -> bool:
+        if act.logits is None:
+            return False
+        if act.stream.backlogged():
+            if not act.stream.paused:
+                act.stream.paused = True
+                self.stats["paused"] += 1
+            return False
+        act.stream.paused = False
+        return act.text.row(act.segment_frames) is not None
 
-    def _drop_cancelled_waiting(self) -> None:
-        if any(s.cancelled for s in self._waiting):
-            for stream in [s for s in self._waiting if s.cancelled]:
-                self._waiting.remove(stream)
-                stream._put(SynthesisResult(0, stream.text.text_tokens, "cancelled"))
+    def _runnable(self) -> bool:
+        if any(s.cancelled for s in self._waiting_text):
+            return True
+        if self._waiting and self._free_seqs:
+            return True
+        return any(a.stream.cancelled or a.logits is None or self._can_step(a) for a in self._active.values())
+
+    def _sweep_waiting(self) -> None:
+        """End cancelled waiting streams; move live streams whose first token came into the queue."""
+        for stream in [s for s in self._waiting if s.cancelled]:
+            self._waiting.remove(stream)
+            self._end_unstarted(stream, "cancelled")
+        for stream in list(self._waiting_text):
+            if stream.cancelled:
+                self._waiting_text.remove(stream)
+                self._end_unstarted(stream, "cancelled")
+            elif stream.text.ready():
+                self._waiting_text.remove(stream)
+                self._waiting.append(stream)
+
+    def _end_unstarted(self, stream: Stream, reason: str, error: str | None = None,
+                       retryable: bool = False) -> None:
+        stream.text.cancel()
+        if reason == "cancelled":
+            self.stats["cancelled"] += 1
+        stream._put(SynthesisResult(0, stream.text.text_tokens, reason, error=error, retryable=retryable))
+
+    def _worker(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # the loop itself broke: fail everything, let the supervisor restart
+            log.exception("the engine worker of %s died", self.model.name)
+            self._died(f"the engine worker stopped unexpectedly ({type(e).__name__})")
+
+    def _died(self, reason: str) -> None:
+        with self._wake:
+            self._failure = reason
+            for act in list(self._active.values()):
+                self._finish(act, "error", error="the engine failed; retry", flush=False, retryable=True)
+            for stream in [*self._waiting, *self._waiting_text]:
+                self._end_unstarted(stream, "error", "the engine failed before this request started; retry",
+                                    retryable=True)
+            self._waiting.clear()
+            self._waiting_text.clear()
+
+    def _reset_state(self) -> None:
+        """After a failure: every KV cell, slot, cached prefix and decoder state forgotten."""
+        self.model.talker.clear()
+        self._active.clear()
+        self._free_seqs = list(range(self.settings.max_streams))
+        self._prefixes.clear()
+        self._primed.clear()
+        self._bypassed = 0
 
     def _run(self) -> None:
         while True:
             with self._wake:
-                self._drop_cancelled_waiting()
+                self._sweep_waiting()
                 while not self._stopping and not self._runnable():
+                    self.heartbeat = time.monotonic()
                     self._wake.wait(timeout=0.25)
-                    self._drop_cancelled_waiting()
+                    self._sweep_waiting()
+                self.heartbeat = time.monotonic()
                 if self._stopping:
                     break
                 if self._forget_prefixes:
@@ -408,30 +432,37 @@ class Engine:
                 admitted = self._admit()
             try:
                 self._iterate(admitted)
-            except Exception as e:  # a shared call failed: fail every stream it involved
-                for act in list(self._active.values()):
-                    self._finish(act, "error", error=f"{type(e).__name__}: {e}")
+            except Exception:  # a bug outside any one stream's work: its state is unknown, start clean
+                log.exception("engine iteration of %s failed; ending its streams", self.model.name)
+                with self._wake:
+                    for act in list(self._active.values()):
+                        self._finish(act, "error", error="the engine failed while serving this stream; retry",
+                                     flush=False, retryable=True)
+                    self._reset_state()
         for act in list(self._active.values()):
-            self._finish(act, "cancelled")
-        while self._waiting:
-            stream = self._waiting.popleft()
-            stream._put(SynthesisResult(0, stream.text.text_tokens, "cancelled"))
+            self._finish(act, "cancelled", flush=False)
+        for stream in [*self._waiting, *self._waiting_text]:
+            self._end_unstarted(stream, "cancelled")
+        self._waiting.clear()
+        self._waiting_text.clear()
 
     def _frame_limit(self, act: _Active) -> tuple[int, str]:
         """Frames the current segment may make, and the finish reason when it hits that."""
         req = act.stream.request
-        limit = self.settings.budget_base_frames + self.settings.budget_frames_per_token * act.text.segment_tokens()
-        reason = "budget"
+        limit, reason = self._budget(act.text.segment_tokens()), "budget"
         if req.max_frames is not None and req.max_frames - len(act.codes) + act.segment_frames <= limit:
             limit, reason = req.max_frames - len(act.codes) + act.segment_frames, "max_frames"
-        room = self.model.talker.cells_per_stream - act.text.prefill_len()
+        room = act.reserved - act.text.prefill_len()
         if limit > room:
-            limit, reason = max(room, 1), "budget"
+            limit, reason = max(room, 1), "context_full"
         return limit, reason
 
-    def _reserved_cells(self) -> int:
-        streams = sum(a.text.prefill_len() + self._frame_limit(a)[0] for a in self._active.values())
-        return streams + sum(rows for _, rows in self._prefixes.values())
+    def _grow(self, act: _Active) -> None:
+        """Live text grows: reserve cells for what has arrived, as far as the pool has room."""
+        want = self._reservation(act)
+        if want > act.reserved:
+            act.reserved += max(0, min(want - act.reserved, self.settings.n_ctx - self._cells_in_use())
+                                if self._shared_pool() else want - act.reserved)
 
     def _prefill_item(self, act: _Active) -> DecodeItem:
         """The prompt rows to decode for a stream; a cached voice prefix is copied in, not recomputed."""
@@ -457,6 +488,8 @@ class Engine:
         if len(self._prefixes) >= len(self._prefix_seqs):
             _, (seq, _) = self._prefixes.popitem(last=False)
             self.model.talker.drop(seq)
+        if self._cells_in_use() + rows > self.settings.n_ctx:
+            return  # no room for the cache: reservations come first
         seq = next(s for s in self._prefix_seqs if s not in {v[0] for v in self._prefixes.values()})
         self.model.talker.copy(act.seq, seq, rows)
         self._prefixes[key] = (seq, rows)
@@ -466,22 +499,21 @@ class Engine:
         while self._waiting and self._free_seqs:
             stream = self._waiting.popleft()
             if stream.cancelled:
-                stream._put(SynthesisResult(0, stream.text.text_tokens, "cancelled"))
+                self._end_unstarted(stream, "cancelled")
                 continue
             if stream.text.empty():
-                stream._put(SynthesisResult(0, 0, "error", error="input text is empty"))
-                continue
-            if not stream.text.ready():  # live text with no final token yet
-                skipped.append(stream)
+                self._end_unstarted(stream, "error", "input text is empty")
                 continue
             req = stream.request
             seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
             act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed))
-            need = act.text.prefill_len() + self._frame_limit(act)[0]
-            shared = self.model.talker.cells_per_stream == self.settings.n_ctx
-            if shared and self._active and self._reserved_cells() + need > self.settings.n_ctx:
-                skipped.appendleft(stream)  # wait until running streams free their cells
-                break
+            act.reserved = self._reservation(act)
+            if not self._make_room(act.reserved):
+                skipped.append(stream)  # waits until running streams free their cells
+                if self._bypassed >= HEAD_BYPASS_LIMIT:
+                    break  # the first of them has been passed often enough: nothing else goes first
+                continue
+            self._bypassed = self._bypassed + 1 if skipped else 0
             act.seq = self._free_seqs.pop(0)
             self._active[act.seq] = act
             admitted.append(act)
@@ -493,88 +525,179 @@ class Engine:
         req = act.stream.request
         if req.max_frames is not None and len(act.codes) >= req.max_frames:
             return False
-        if not act.text.next_segment():
-            return False
+        try:
+            if not act.text.next_segment():
+                return False
+        except Exception as e:
+            raise self._fault("prompt", e) from None
         self.model.talker.drop(act.seq)
         act.segment_frames, act.pos, act.logits, act.hidden, act.history = 0, 0, None, None, set()
         return True
 
-    def _iterate(self, admitted: list[_Active]) -> None:
-        model = self.model
-        eos = model.manifest.codec_ids["eos"]
-        for act in [a for a in self._active.values() if a.stream.cancelled]:
-            self._finish(act, "cancelled")
-        prefill = list(admitted)
-        # 2. codebook 0 for every stream that has logits and whose next text row is there
-        stepping, code0, text_rows = [], [], []
-        for act in list(self._active.values()):
-            if act.logits is None:
-                continue
-            row = act.text.row(act.segment_frames)
-            if row is None:
-                continue  # live text not here yet: wait without touching any state
-            req = act.stream.request
+    def _fault(self, stage: str, error: BaseException, act: _Active | None = None) -> _StreamFault:
+        log.error("stream %s of %s: the %s failed", act.stream.id if act else "?", self.model.name, stage,
+                  exc_info=(type(error), error, error.__traceback__))
+        return _StreamFault(stage)
+
+    def _fail(self, act: _Active, fault: _StreamFault) -> None:
+        self.stats["errors"] += 1
+        self._finish(act, "error", error=f"the {fault.stage} failed for this stream", flush=False)
+
+    def _sample(self, act: _Active, eos: int) -> tuple[int, np.ndarray] | None:
+        """(codebook 0, text row) of a stream's next frame; None when its segment ended."""
+        row = act.text.row(act.segment_frames)
+        req = act.stream.request
+        try:
             c0 = sample_code0(act.logits, act.history, act.segment_frames, req.talker, act.rng, eos_id=eos,
                               allow_eos=not req.ignore_eos)
-            if c0 == eos:
-                if self._next_segment(act):
-                    prefill.append(act)
-                else:
-                    self._finish(act, "eos")
+            if not 0 <= c0 < len(act.logits):
+                raise ValueError(f"sampled code {c0} is out of range")
+        except Exception as e:
+            raise self._fault("sampler", e, act) from None
+        return (c0, row) if c0 != eos else None
+
+    def _predict(self, stepping: list[_Active], code0: list[int]):
+        """Codes and frame embeddings of every stepping stream: one batched call, or, if that
+        fails, one call per stream with its random state rewound (only the culprit fails).
+        Yields (act, codes[15], frame embedding) or (act, _StreamFault)."""
+        predictor = self.model.predictor
+        states = [a.rng.bit_generator.state for a in stepping]
+        t0 = time.perf_counter()
+        try:
+            out = predictor.predict(np.stack([a.hidden for a in stepping]), np.array(code0, np.int64),
+                                    [a.stream.request.code_predictor for a in stepping], rngs=[a.rng for a in stepping])
+            self._check_codes(out.codes)
+        except Exception as e:
+            if len(stepping) == 1:
+                yield stepping[0], self._fault("code predictor", e, stepping[0])
+                return
+            for act, state, c0 in zip(stepping, states, code0):
+                act.rng.bit_generator.state = state
+                yield from self._predict([act], [c0])
+            return
+        dt = (time.perf_counter() - t0) / len(stepping)
+        for k, act in enumerate(stepping):
+            act.timings["predictor_s"] += dt
+            yield act, (out.codes[k], out.frame_embedding[k])
+
+    def _check_codes(self, codes: np.ndarray) -> None:
+        size = self.model.codec.codebook_size
+        if codes.size and (codes.min() < 0 or codes.max() >= size):
+            raise ValueError(f"code predictor made a code outside [0, {size})")
+
+    def _decode(self, items: list[DecodeItem], owners: list[_Active]) -> None:
+        """One talker decode for every item; if it fails, each item alone (KV cells rewound)."""
+        talker = self.model.talker
+        t0 = time.perf_counter()
+        try:
+            results = list(zip(*talker.decode(items)))
+        except Exception as e:
+            if len(items) == 1:
+                talker.truncate(items[0].seq, items[0].pos)
+                self._fail(owners[0], self._fault("talker decode", e, owners[0]))
+                return
+            for item in items:
+                talker.truncate(item.seq, item.pos)
+            for item, act in zip(items, owners):
+                if act.seq in self._active and self._active[act.seq] is act:
+                    self._decode([item], [act])
+            return
+        dt = (time.perf_counter() - t0) / len(items)
+        for item, act, (logits, hidden) in zip(items, owners, results):
+            if not (np.isfinite(logits).all() and np.isfinite(hidden).all()):
+                talker.truncate(item.seq, item.pos)
+                self._fail(act, self._fault("talker decode", FloatingPointError("non-finite output"), act))
+                continue
+            act.logits, act.hidden = logits, hidden
+            act.pos = item.pos + len(item.rows)
+            act.timings["talker_s"] += dt
+            if act.new_prefix is not None:
+                self._keep_prefix(act)
+
+    def _iterate(self, admitted: list[_Active]) -> None:
+        eos = self.model.manifest.codec_ids["eos"]
+        for act in [a for a in self._active.values() if a.stream.cancelled]:
+            self._finish(act, "cancelled", flush=False)
+        prefill = [a for a in admitted if a.seq in self._active]
+        # 2. codebook 0 for every stream that can step (logits there, text row there, reader keeping up)
+        stepping, code0, text_rows = [], [], []
+        for act in list(self._active.values()):
+            if act in prefill or not self._can_step(act):
+                continue
+            try:
+                if isinstance(act.text, FedText):
+                    self._grow(act)
+                sampled = self._sample(act, eos)
+                if sampled is None:
+                    if self._next_segment(act):
+                        prefill.append(act)
+                    else:
+                        self._finish(act, "eos")
+                    continue
+            except _StreamFault as fault:
+                self._fail(act, fault)
                 continue
             stepping.append(act)
-            code0.append(c0)
-            text_rows.append(row)
+            code0.append(sampled[0])
+            text_rows.append(sampled[1])
         items: list[DecodeItem] = []
         owners: list[_Active] = []
         ended: list[tuple[_Active, str]] = []
         # 3. code predictor for all stepping streams in one call
+        emitted = []
         if stepping:
-            t0 = time.perf_counter()
-            out = model.predictor.predict(
-                np.stack([a.hidden for a in stepping]), np.array(code0, np.int64),
-                [a.stream.request.code_predictor for a in stepping], rngs=[a.rng for a in stepping])
-            dt = (time.perf_counter() - t0) / len(stepping)
-            for k, act in enumerate(stepping):
-                act.timings["predictor_s"] += dt
-                frame = np.concatenate([[code0[k]], out.codes[k]]).astype(np.int64)
+            rows = dict(zip(map(id, stepping), text_rows))
+            c0s = dict(zip(map(id, stepping), code0))
+            for act, out in list(self._predict(stepping, code0)):
+                if isinstance(out, _StreamFault):
+                    self._fail(act, out)
+                    continue
+                codes, frame_embedding = out
+                frame = np.concatenate([[c0s[id(act)]], codes]).astype(np.int64)
                 act.codes.append(frame)
                 act.pending.append(frame)
-                act.history.add(int(code0[k]))
+                act.history.add(int(frame[0]))
                 self.stats["frames"] += 1
                 act.segment_frames += 1
+                emitted.append(act)
                 limit, reason = self._frame_limit(act)
                 if act.segment_frames >= limit:
-                    if self._next_segment(act):
-                        prefill.append(act)
-                    else:
-                        ended.append((act, reason))  # no next talker step: ends once its audio is flushed
+                    try:
+                        if self._next_segment(act):
+                            prefill.append(act)
+                        else:
+                            ended.append((act, reason))  # no next talker step: ends once its audio is flushed
+                    except _StreamFault as fault:
+                        self._fail(act, fault)
                     continue
-                items.append(DecodeItem(act.seq, act.pos, (out.frame_embedding[k] + text_rows[k])[None]))
+                items.append(DecodeItem(act.seq, act.pos, (frame_embedding + rows[id(act)])[None]))
                 owners.append(act)
         # 4. audio that is due, before the talker step: a chunk's latency need not include it
-        for act in stepping:
+        for act in emitted:
             if act.seq not in self._active or act.stream.cancelled:
                 continue
             target = self.settings.chunk_frames[min(act.chunk_index, len(self.settings.chunk_frames) - 1)]
             if len(act.pending) >= target:
-                self._emit_audio(act)
+                try:
+                    self._emit_audio(act)
+                except Exception as e:
+                    self._fail(act, self._fault("codec", e, act))
         # 5. prompts of admitted streams and new segments join the same decode
         for act in prefill:
-            items.append(self._prefill_item(act))
+            if act.seq not in self._active:
+                continue
+            try:
+                items.append(self._prefill_item(act))
+            except Exception as e:
+                self._fail(act, self._fault("prompt", e, act))
+                continue
             owners.append(act)
-        if items:
-            t0 = time.perf_counter()
-            logits, hidden = model.talker.decode(items)
-            dt = (time.perf_counter() - t0) / len(items)
-            for k, (item, act) in enumerate(zip(items, owners)):
-                act.logits, act.hidden = logits[k], hidden[k]
-                act.pos = item.pos + len(item.rows)
-                act.timings["talker_s"] += dt
-                if act.new_prefix is not None:
-                    self._keep_prefix(act)
+        live = [(item, act) for item, act in zip(items, owners) if self._active.get(act.seq) is act]
+        if live:
+            self._decode([i for i, _ in live], [a for _, a in live])
         for act, reason in ended:
-            self._finish(act, reason)
+            if self._active.get(act.seq) is act:
+                self._finish(act, reason)
         self.stats["iterations"] += 1
 
     def _primed_state(self, codes: np.ndarray) -> CodecState:
@@ -597,6 +720,8 @@ class Engine:
             # the reference frames are the decoder's left context: the first frame already has it
             act.codec_state = self._primed_state(reference.codes)
         wav, act.codec_state = self.model.codec.decode(frames, act.codec_state)
+        if not np.isfinite(wav).all():
+            raise FloatingPointError("the codec made non-finite samples")
         act.timings["codec_s"] += time.perf_counter() - t0
         if act.stream.first_audio_at is None:
             act.stream.first_audio_at = time.monotonic()
@@ -605,13 +730,21 @@ class Engine:
         act.pending = []
         act.chunk_index += 1
 
-    def _finish(self, act: _Active, reason: str, error: str | None = None) -> None:
-        if act.pending and reason not in ("cancelled", "error"):
-            self._emit_audio(act)
+    def _finish(self, act: _Active, reason: str, error: str | None = None, flush: bool = True,
+                retryable: bool = False) -> None:
+        if flush and act.pending:
+            try:
+                self._emit_audio(act)
+            except Exception as e:
+                self._fault("codec", e, act)
+                reason, error = "error", "the codec failed for this stream"
+                self.stats["errors"] += 1
         self.model.talker.drop(act.seq)
-        self._active.pop(act.seq, None)
-        self._free_seqs.append(act.seq)
-        self._free_seqs.sort()
+        if self._active.get(act.seq) is act:
+            self._active.pop(act.seq)
+            self._free_seqs.append(act.seq)
+            self._free_seqs.sort()
+        act.text.cancel()
         stream = act.stream
         timings = dict(act.timings)
         if stream.first_audio_at is not None:
@@ -622,4 +755,8 @@ class Engine:
         if reason == "cancelled":
             self.stats["cancelled"] += 1
         stream._put(SynthesisResult(frames=len(act.codes), text_tokens=act.text.text_tokens,
-                                    finish_reason=reason, codes=codes, error=error, timings=timings))
+                                    finish_reason=reason, codes=codes, error=error, timings=timings,
+                                    retryable=retryable))
+
+
+__all__ = ["Engine", "EngineBusy", "EngineHealth", "EngineStopped", "Stream"]

@@ -34,10 +34,10 @@ from typing import BinaryIO, Union
 
 import numpy as np
 
+from .manifest import CODEC_ENCODER_FILE, SPEAKER_ENCODER_FILE
+
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 1920
-SPEAKER_ENCODER_FILE = "speaker_encoder.onnx"
-CODEC_ENCODER_FILE = "codec_encoder.onnx"
 SILENCE_PEAK = 10 ** (-60 / 20)  # a clip whose peak stays below -60 dBFS is "silent"
 
 AudioSource = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO, tuple]

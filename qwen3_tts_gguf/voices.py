@@ -282,18 +282,19 @@ class VoiceStore:
             with open(path, "rb") as f:
                 raw = f.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
-            raise VoiceNotFoundError(f"no voice named {name!r} in {self.folder}") from None
+            raise VoiceNotFoundError(f"no voice named {name!r}") from None
         except IsADirectoryError:
-            raise VoiceProfileError(f"{path} is not a file") from None
+            raise VoiceProfileError(f"voice profile {name!r} is not a file") from None
         if len(raw) > MAX_FILE_BYTES:
-            raise VoiceProfileError(f"{path} is larger than {MAX_FILE_BYTES} bytes; not a voice profile")
+            raise VoiceProfileError(f"voice profile {name!r} is larger than {MAX_FILE_BYTES} bytes; not a voice "
+                                    "profile")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise VoiceProfileError(f"{path} is not UTF-8 text ({e})") from e
-        profile = VoiceProfile.from_json(text, source=str(path))
+            raise VoiceProfileError(f"voice profile {name!r} is not UTF-8 text (byte {e.start})") from e
+        profile = VoiceProfile.from_json(text, source=f"voice profile {name!r}")
         if profile.name != name:
-            raise VoiceProfileError(f"{path} holds voice {profile.name!r}, not {name!r}")
+            raise VoiceProfileError(f"voice profile {name!r} holds voice {profile.name!r}")
         return profile
 
     def exists(self, name: str) -> bool:
@@ -303,6 +304,9 @@ class VoiceStore:
         """Write `profile` atomically; VoiceExistsError if it exists and overwrite is False."""
         path = self.path(profile.name)
         data = profile.to_json().encode("utf-8")
+        if len(data) > MAX_FILE_BYTES:  # `get` would refuse it: never save what cannot be read back
+            raise VoiceProfileError(f"voice {profile.name!r} would take {len(data)} bytes; a profile holds at most "
+                                    f"{MAX_FILE_BYTES} (a shorter transcript or reference clip fits)")
         self.folder.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temps()
         fd, tmp = tempfile.mkstemp(prefix=f".{profile.name}.", suffix=".tmp", dir=self.folder)
@@ -372,7 +376,7 @@ class VoiceStore:
         try:
             os.unlink(self.path(name))
         except FileNotFoundError:
-            raise VoiceNotFoundError(f"no voice named {name!r} in {self.folder}") from None
+            raise VoiceNotFoundError(f"no voice named {name!r}") from None
 
 
 __all__ = ["VoiceProfile", "VoiceStore", "VoiceProfileError", "VoiceNotFoundError", "VoiceExistsError",

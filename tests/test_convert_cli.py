@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,6 +120,56 @@ def test_existing_output_is_not_overwritten_without_force(tiny_cv, tmp_path):
     (tmp_path / "out").mkdir()
     with pytest.raises(FileExistsError):
         convert_checkpoint(tiny_cv, tmp_path / "out", "f32", show_progress=False)
+
+
+def _fail_on(monkeypatch, owner, attr: str, when, exc: BaseException) -> None:
+    """Make owner.attr raise `exc` for the calls where when(*args) holds (others run as usual)."""
+    real = getattr(owner, attr)
+
+    def failing(*args, **kwargs):
+        if when(*args):
+            raise exc
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, attr, failing)
+
+
+def test_force_keeps_the_old_model_when_the_final_rename_fails(tiny_cv, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    convert_checkpoint(tiny_cv, out, "f32", name="old", show_progress=False, verify=False)
+    _fail_on(monkeypatch, Path, "rename", lambda src, dst: ".partial-" in src.name, OSError("disk said no"))
+    with pytest.raises(OSError, match="disk said no"):
+        convert_checkpoint(tiny_cv, out, "f32", name="new", overwrite=True, show_progress=False, verify=False)
+    assert load_manifest(out, verify_hashes=True).name == "old" and list(tmp_path.iterdir()) == [out]
+
+
+def test_force_interrupted_before_the_old_model_is_deleted(tiny_cv, tmp_path, monkeypatch):
+    """The new model is in place; the old one waits aside and the next conversion deletes it."""
+    out = tmp_path / "out"
+    convert_checkpoint(tiny_cv, out, "f32", name="old", show_progress=False, verify=False)
+    with monkeypatch.context() as m:
+        _fail_on(m, shutil, "rmtree", lambda path, *a: ".previous-" in Path(path).name, KeyboardInterrupt())
+        with pytest.raises(KeyboardInterrupt):
+            convert_checkpoint(tiny_cv, out, "f32", name="new", overwrite=True, show_progress=False, verify=False)
+    (aside,) = tmp_path.glob(".out.previous-*")
+    assert load_manifest(out, verify_hashes=True).name == "new" and load_manifest(aside).name == "old"
+    convert_checkpoint(tiny_cv, out, "f32", name="newer", overwrite=True, show_progress=False, verify=False)
+    assert load_manifest(out).name == "newer" and list(tmp_path.iterdir()) == [out]
+
+
+def test_a_crash_between_the_two_renames_is_recovered_by_the_next_run(tiny_cv, tmp_path):
+    """Killed after moving the old model aside: the next run puts it back and drops the half-done one."""
+    out = tmp_path / "out"
+    convert_checkpoint(tiny_cv, out, "f32", name="old", show_progress=False, verify=False)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out.rename(tmp_path / f".out.previous-{dead.pid}")
+    (tmp_path / f".out.partial-{dead.pid}").mkdir()
+    (tmp_path / f".out.partial-{os.getpid()}").mkdir()  # this process's own leftover: stale too
+    assert load_manifest(tmp_path / f".out.previous-{dead.pid}").name == "old"  # loadable where it waits
+    with pytest.raises(FileExistsError):  # restored, so not replaced without --force
+        convert_checkpoint(tiny_cv, out, "f32", name="new", show_progress=False, verify=False)
+    assert load_manifest(out, verify_hashes=True).name == "old" and list(tmp_path.iterdir()) == [out]
 
 
 def test_damaged_model_folders_are_refused_clearly(tiny_cv_f32, tmp_path):

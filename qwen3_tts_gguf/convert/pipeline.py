@@ -1,7 +1,10 @@
 """Checkpoint folder -> converted model folder, atomically, with a self-check before success.
 
 Everything is written into a hidden temporary folder beside the target and renamed at the end: an
-interrupted conversion never leaves a half model under the target name.
+interrupted conversion never leaves a half model under the target name. Replacing a model (`--force`)
+moves the old one aside first (`.NAME.previous-PID`), renames the new one in, then deletes the old
+one: a crash at any moment leaves a loadable model at the target or in that aside folder, which the
+next conversion to the same target puts back (target missing) or deletes.
 """
 
 from __future__ import annotations
@@ -15,34 +18,65 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..checkpoint import Checkpoint, CheckpointError
-from ..manifest import MANIFEST, FileEntry, Manifest, sha256_file
+from ..manifest import (CODEC_ENCODER_FILE, CODEC_FILE, MANIFEST, PREDICTOR_FILE, SPEAKER_ENCODER_FILE, TALKER_FILE,
+                        TEXT_TABLES_FILE, FileEntry, Manifest, ModelFolderError, load_manifest, sha256_file)
 from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
 from .onnx_builder import save_model
 from .predictor_graph import CP_PRECISIONS, build_code_predictor, quantize_code_predictor
 from .talker_gguf import QUANTS, write_talker_gguf
-from .text_tables import FILE_NAME as TEXT_TABLES
 from .text_tables import write_text_tables
 
-TALKER_FILE = "talker.gguf"
-PREDICTOR_FILE = "code_predictor.onnx"
-CODEC_FILE = "codec_decoder.onnx"
 _SIZES = {"0b6": "0.6b", "1b7": "1.7b"}
 
 
-def _partial_dir(out_dir: Path) -> Path:
-    return out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+def _side_dir(out_dir: Path, kind: str) -> Path:
+    """This process's hidden folder beside `out_dir`: "partial" (being written) or "previous" (replaced)."""
+    return out_dir.parent / f".{out_dir.name}.{kind}-{os.getpid()}"
 
 
-def _remove_stale_partials(out_dir: Path) -> None:
-    """Remove temporary folders left by conversions that were killed (their process is gone)."""
-    for stale in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
-        try:
-            pid = int(stale.name.rsplit("-", 1)[1])
-            os.kill(pid, 0)
-        except (ValueError, ProcessLookupError):
-            shutil.rmtree(stale, ignore_errors=True)
-        except PermissionError:
-            pass
+def _recover(out_dir: Path) -> None:
+    """Tidy up after conversions that died: put back a replaced model whose successor never arrived,
+    delete every other leftover. Folders of conversions still running in other processes are left alone."""
+    for side in sorted(out_dir.parent.glob(f".{out_dir.name}.*-*")):
+        kind, _, pid = side.name[len(out_dir.name) + 2:].rpartition("-")
+        if kind not in ("partial", "previous") or not pid.isdigit():
+            continue
+        if int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 0)
+                continue  # still running
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue  # another user's process
+        if kind == "previous" and not out_dir.exists() and _loadable(side):
+            side.rename(out_dir)
+        else:
+            shutil.rmtree(side, ignore_errors=True)
+
+
+def _loadable(folder: Path) -> bool:
+    """Whether `folder` is a complete model folder (manifest and file sizes)."""
+    try:
+        load_manifest(folder)
+        return True
+    except ModelFolderError:
+        return False
+
+
+def _install(tmp: Path, out_dir: Path) -> None:
+    """Rename the finished folder to `out_dir`; a model it replaces waits aside until the new one is in."""
+    aside = _side_dir(out_dir, "previous") if out_dir.exists() else None
+    if aside:
+        out_dir.rename(aside)
+    try:
+        tmp.rename(out_dir)
+    except BaseException:
+        if aside:
+            aside.rename(out_dir)
+        raise
+    if aside:
+        shutil.rmtree(aside, ignore_errors=True)  # what stays is removed by the next conversion
 
 
 def build_manifest(ckpt: Checkpoint, quant: str, name: str) -> Manifest:
@@ -83,13 +117,12 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
     if cp_precision not in CP_PRECISIONS:
         raise CheckpointError(f"unknown code predictor precision {cp_precision!r}; choose {', '.join(CP_PRECISIONS)}")
     out_dir = Path(out_dir)
+    _recover(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists (pass --force to replace it)")
     ckpt = Checkpoint.open(hf_dir)
     name = name or out_dir.name
-    _remove_stale_partials(out_dir)
-    tmp = _partial_dir(out_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _side_dir(out_dir, "partial")
     tmp.mkdir(parents=True)
     stages = ["talker", "text tables", "code predictor", "codec decoder", "tokenizer", "self-check"]
     if ckpt.config.model_type == "base":
@@ -105,7 +138,7 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
                           progress=lambda t: bar.set_postfix_str(f"talker {t}", refresh=False))
         bar.update()
         stage("text tables")
-        write_text_tables(ckpt, tmp / TEXT_TABLES)
+        write_text_tables(ckpt, tmp / TEXT_TABLES_FILE)
         bar.update()
         stage("code predictor")
         save_model(quantize_code_predictor(build_code_predictor(ckpt), cp_precision), tmp / PREDICTOR_FILE)
@@ -117,7 +150,6 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         bar.update()
         if ckpt.config.model_type == "base":  # voice cloning: reference audio -> x-vector, reference codes
             stage("voice encoders")
-            from ..voice_clone import CODEC_ENCODER_FILE, SPEAKER_ENCODER_FILE
             from .codec_encoder_graph import build_codec_encoder
             from .speaker_encoder_graph import build_speaker_encoder
 
@@ -142,9 +174,7 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
             manifest.source["self_check"] = verify_conversion(ckpt, tmp)
             (tmp / MANIFEST).write_text(manifest.to_json())
         bar.update()
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        _install(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import Checkpoint
+from ..manifest import TEXT_TABLES_FILE as FILE_NAME  # noqa: F401 (the name's old home)
 from ..safetensors_io import write_safetensors
-
-FILE_NAME = "text_tables.safetensors"
 
 
 def table_sources(ckpt: Checkpoint) -> dict[str, str]:

@@ -33,11 +33,10 @@ def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
 def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
     """Check the talker, code predictor and codec in `folder`; returns the measured errors."""
     from ..codec import CodecDecoder
-    from ..manifest import load_manifest
+    from ..manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
     from ..predictor import CodePredictor
     from ..sampler import SamplingParams, pack
     from ..talker import DecodeItem, Talker, TalkerSettings
-    from .pipeline import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE
 
     manifest = load_manifest(folder, verify_hashes=True)
     cfg = ckpt.config

@@ -1,0 +1,110 @@
+"""uvicorn as this server runs it: one function builds its settings (`serve` and tests alike), and an
+HTTP protocol that bounds connections.
+
+uvicorn has no timeout for a request head: a client may open a connection and send nothing, or
+trickle a header byte by byte, forever. `BoundedH11Protocol` (uvicorn's h11 protocol, the one it
+uses here) closes a connection that has not completed a request head within `header_timeout_s` of
+opening or of its previous response. Requests beyond `max_connections` open connections (or
+running requests) get 503 in the OpenAI envelope (uvicorn's own `limit_concurrency` answer is plain
+text), with `Connection: close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .config import ServerConfig
+from .errors import unavailable
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+async def _too_many_connections(scope: Any, receive: Any, send: Any) -> None:
+    error = unavailable("The server has too many open connections; retry shortly.", retry_after_s=1)
+    error.headers["Connection"] = "close"
+    await error.response()(scope, receive, send)
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a request-head timeout and an enveloped connection limit."""
+
+    header_timeout_s: float = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.max_connections = self.limit_concurrency
+        self.limit_concurrency = None  # checked in handle_events, answered with the envelope
+        self._app = self.app
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._upgraded = False
+
+    # -- the request-head timer: armed while no request is in progress -------------------------
+    def _watch_head(self) -> None:
+        waiting = not self._upgraded and (self.cycle is None or self.cycle.response_complete)
+        if waiting and not self.transport.is_closing():
+            if self._head_timer is None:  # trickled bytes never extend it
+                self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+        elif self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            try:
+                self.conn.send(h11.ConnectionClosed())
+            except h11.LocalProtocolError:
+                pass
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._watch_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_head()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch_head()
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        self._upgraded = True
+        self._watch_head()
+        super().handle_websocket_upgrade(event)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._upgraded = True  # nothing to watch any more
+        self._watch_head()
+        super().connection_lost(exc)
+
+    # -- the connection limit ---------------------------------------------------------------------
+    def handle_events(self) -> None:
+        limit = self.max_connections
+        busy = limit is not None and (len(self.connections) > limit or len(self.tasks) >= limit)
+        self.app = _too_many_connections if busy else self._app
+        super().handle_events()
+
+
+def bounded_protocol(header_timeout_s: float) -> type[BoundedH11Protocol]:
+    """The protocol class with this request-head timeout (uvicorn takes a class)."""
+    return type("BoundedH11Protocol", (BoundedH11Protocol,), {"header_timeout_s": header_timeout_s})
+
+
+def uvicorn_config(app: Any, config: ServerConfig, *, host: str | None = None, port: int | None = None,
+                   **overrides: Any) -> uvicorn.Config:
+    """uvicorn's settings for `app` under `config` (the bind address may be overridden, e.g. port 0)."""
+    limits = config.limits
+    settings: dict[str, Any] = dict(host=config.host if host is None else host,
+                                    port=config.port if port is None else port,
+                                    http=bounded_protocol(limits.header_timeout_s),
+                                    limit_concurrency=limits.max_connections,
+                                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info")
+    settings.update(overrides)
+    return uvicorn.Config(app, **settings)
