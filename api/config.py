@@ -60,6 +60,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 
 
 def engine_settings_from_args(args: argparse.Namespace) -> EngineSettings:
-    """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --deterministic)."""
+    """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
+    --max-buffered-audio-s, --deterministic)."""
     return EngineSettings(threads=args.threads, max_streams=args.max_streams, max_pending=args.max_queue,
+                          max_pending_live=args.max_live_waiting, max_buffered_audio_s=args.max_buffered_audio_s,
                           deterministic=args.deterministic)

@@ -6,12 +6,15 @@ trickle a header byte by byte, forever. `BoundedH11Protocol` (uvicorn's h11 prot
 uses here) closes a connection that has not completed a request head within `header_timeout_s` of
 opening or of its previous response. Requests beyond `max_connections` open connections (or
 running requests) get 503 in the OpenAI envelope (uvicorn's own `limit_concurrency` answer is plain
-text), with `Connection: close`.
+text), with `Connection: close`. A client's protocol error that uvicorn logs with a traceback
+(a WebSocket text frame that is not UTF-8) is logged as one warning line (`ClientFaultsQuiet`), so
+no client can flood the log with tracebacks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import h11
@@ -97,6 +100,24 @@ def bounded_protocol(header_timeout_s: float) -> type[BoundedH11Protocol]:
     return type("BoundedH11Protocol", (BoundedH11Protocol,), {"header_timeout_s": header_timeout_s})
 
 
+class ClientFaultsQuiet(logging.Filter):
+    """uvicorn's tracebacks for faults of a client's making become one warning line."""
+
+    MESSAGES = ("Invalid UTF-8 sequence received from client.",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in self.MESSAGES:
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _quiet_client_faults() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ClientFaultsQuiet) for f in logger.filters):
+        logger.addFilter(ClientFaultsQuiet())
+
+
 def uvicorn_config(app: Any, config: ServerConfig, *, host: str | None = None, port: int | None = None,
                    **overrides: Any) -> uvicorn.Config:
     """uvicorn's settings for `app` under `config` (the bind address may be overridden, e.g. port 0)."""
@@ -105,6 +126,10 @@ def uvicorn_config(app: Any, config: ServerConfig, *, host: str | None = None, p
                                     port=config.port if port is None else port,
                                     http=bounded_protocol(limits.header_timeout_s),
                                     limit_concurrency=limits.max_connections,
+                                    # twice the message limit: the app answers oversize messages with an
+                                    # error event; uvicorn drops only far bigger ones itself (1009)
+                                    ws_max_size=2 * limits.ws_max_message_bytes,
                                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info")
     settings.update(overrides)
+    _quiet_client_faults()
     return uvicorn.Config(app, **settings)

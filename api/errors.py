@@ -2,7 +2,10 @@
 
 Every error leaves as `{"error": {"message", "type", "param", "code"}}` (all four keys, `param` and
 `code` may be null). Routes raise `APIError` (or one of the constructors below); FastAPI's own
-validation errors become 400 in the same envelope, never 422 `{"detail": ...}`.
+validation errors become 400 in the same envelope, never 422 `{"detail": ...}` (and the OpenAPI
+document lists no 422: `document_errors`; routes list their statuses with `error_responses`). A body
+that is not UTF-8 is 400 `invalid_json`; a wrong method is 405 with the path's `Allow`, also where the
+web console's mount at `/` would have answered 404 or its own 405.
 
 Retry semantics for the OpenAI SDK (it retries 408/409/429/5xx twice by default), decided here
 and nowhere else:
@@ -151,6 +154,8 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return validation_error(exc).response()
 
 
+API_PREFIXES = ("/v1/", "/audio/")
+"""Paths that belong to the API (anything else may be a file of the web console)."""
 _BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads refused
 
 
@@ -159,7 +164,7 @@ def allowed_methods(request: Request) -> list[str]:
 
     Starlette answers a wrong method with 405 only when no other route matches the path fully, and
     the web console mounted at `/` matches every path: this recovers the API routes' methods."""
-    try:  # FastAPI >= 0.13x keeps included routers as branches; this walks to the routes
+    try:  # recent FastAPI keeps included routers as branches; this walks down to the routes
         from fastapi.routing import iter_route_contexts
         routes = list(iter_route_contexts(request.app.routes))
     except ImportError:  # pragma: no cover - older FastAPI: the app's routes are flat
@@ -185,6 +190,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         allowed = allowed_methods(request)
         if allowed and request.method not in allowed:
             return method_not_allowed(request.method, allowed).response()
+        if not allowed and request.url.path.startswith(API_PREFIXES):  # the console's mount said 405
+            return APIError(f"No API route at {request.url.path}.", status_code=404, code="not_found").response()
     if exc.status_code == 400 and exc.detail == _BODY_PARSE_ERROR:
         # json.loads raised something other than a syntax error: bytes that are not UTF-8, a number
         # past Python's digit limit, nesting past the recursion limit

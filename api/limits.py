@@ -30,8 +30,9 @@ class ServerLimits:
     max_connections: int = 256
     """Open HTTP connections and WebSockets in all (uvicorn's limit_concurrency: 503 above)."""
     max_requests_per_client: int | None = None
-    """Active plus waiting speech streams of one client (API key, else address); None = half the
-    slots of a model, at least 1 (always below the slot count, so no client takes them all)."""
+    """Active plus waiting speech streams of one client (its address, see `api/clients.py`: the one
+    shared API key names no client); None = half the slots of the default model, at least 1 (below
+    the slot count, so no client takes them all)."""
     trusted_proxies: tuple[str, ...] = ()
     """Peer addresses whose `X-Forwarded-For` names the client (a load balancer in front)."""
     allowed_hosts: tuple[str, ...] | None = None

@@ -97,10 +97,12 @@ class RequestObserver:
 
         try:
             await self.app(scope, receive, send_with_id)
-        except Exception:
+        except Exception as e:
+            if started:  # uvicorn drops the connection (a cut-off response never looks whole) and logs it
+                log.error("request %s (%s %s) ended after its response began: %s", request_id, scope["method"],
+                          scope["path"], type(e).__name__)
+                raise
             log.exception("request %s (%s %s) failed", request_id, scope["method"], scope["path"])
-            if started:
-                raise  # uvicorn drops the connection: a cut-off response never looks whole
             await internal_error().response()(scope, receive, send_with_id)
         finally:
             route = scope.get("route")
@@ -126,6 +128,29 @@ def body_too_large(limit: int) -> APIError:
     return error
 
 
+DRAIN_BYTES = 16 * 1024 * 1024
+"""A body over its limit but under this is read and dropped before the 413 goes out: a client still
+sending when the server closes would get a connection reset instead of the answer."""
+
+
+async def _discard_body(receive: Receive, timeout_s: float, max_bytes: int = DRAIN_BYTES) -> None:
+    """Read and drop the rest of a request body (bounded in bytes and time)."""
+    async def drain() -> None:
+        left = max_bytes
+        while left > 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            left -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+    try:
+        await asyncio.wait_for(drain(), timeout=max(0.0, timeout_s))
+    except asyncio.TimeoutError:
+        pass
+
+
 class BodyLimits:
     """Bounds an HTTP request body in size (413) and in the time it takes to arrive (408).
 
@@ -148,12 +173,14 @@ class BodyLimits:
             await self.app(scope, receive, send)
             return
         limit = self.limit_for(scope)
-        length = Headers(scope=scope).get("content-length", "")
-        if length.isdigit() and int(length) > limit:
-            await body_too_large(limit).response()(scope, receive, send)
-            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.body_timeout_s
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            if int(length) <= DRAIN_BYTES:
+                await _discard_body(receive, deadline - loop.time())
+            await body_too_large(limit).response()(scope, receive, send)
+            return
         received = 0
         body_done = False
         started = answered = False
@@ -178,6 +205,8 @@ class BodyLimits:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
+                    if message.get("more_body", False) and received <= DRAIN_BYTES:
+                        await _discard_body(receive, deadline - loop.time(), DRAIN_BYTES - received)
                     return await answer(body_too_large(limit))
                 body_done = not message.get("more_body", False)
             return message

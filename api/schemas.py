@@ -23,7 +23,9 @@ MAX_INSTRUCTIONS_CHARS = 4096
 MAX_ID_CHARS = 256
 """`model` and `voice` (a name or `{"id"}`): served ids, speakers and profile names are far shorter."""
 MAX_LANGUAGE_CHARS = 32
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**53 - 1
+"""The largest integer every JSON client (JavaScript) and the OpenAPI document (its bounds are floats) hold
+exactly."""
 MAX_FRAMES = 6000
 """The `max_frames` ceiling: 6000 codec frames of 80 ms = 8 minutes (the engine's runaway budget and
 its context usually end a stream long before)."""
@@ -123,6 +125,31 @@ class Usage(BaseModel):
     input_tokens: int
     output_tokens: int
     total_tokens: int
+
+
+def _event(kind: str, **fields: dict) -> dict:
+    return {"type": "object", "required": ["type", *fields], "properties": {"type": {"const": kind}, **fields}}
+
+
+_ERROR_OBJECT = {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
+    "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+    "code": {"type": ["string", "null"]}}}
+SPEECH_SSE_EVENT = {"oneOf": [
+    _event("speech.audio.delta", audio={"type": "string", "contentEncoding": "base64",
+                                        "description": "the next bytes of the audio file"}),
+    _event("speech.audio.done", usage={"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
+                                       "properties": {k: {"type": "integer", "minimum": 0} for k in
+                                                      ("input_tokens", "output_tokens", "total_tokens")}}),
+    _event("error", error=_ERROR_OBJECT),
+]}
+"""One SSE event's JSON (its `data:` line) on the speech route: deltas, then `done`, or an `error` last."""
+
+
+def speech_sse_openapi() -> dict:
+    """The `text/event-stream` media type object of the speech route (OpenAPI 3.2's `itemSchema`:
+    each event has a `data` line holding one JSON object)."""
+    return {"itemSchema": {"type": "object", "required": ["data"], "properties": {
+        "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": SPEECH_SSE_EVENT}}}}
 
 
 class ModelCard(BaseModel):

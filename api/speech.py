@@ -11,7 +11,7 @@ from qwen3_tts_gguf.audio_encoding import StreamingEncoder
 
 from .clients import client_of
 from .errors import error_responses
-from .schemas import SpeechRequest
+from .schemas import SpeechRequest, speech_sse_openapi
 from .state import get_state
 from .streaming import (
     CONTENT_TYPES,
@@ -35,7 +35,7 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the re
 @router.post("/v1/audio/speech", response_class=Response, responses={
     200: {"description": "the audio file, chunked (`response_format`); or SSE events (`stream_format: sse`)",
           "content": {**{t: {"schema": {"type": "string", "format": "binary"}} for t in CONTENT_TYPES.values()},
-                      SSE_CONTENT_TYPE: {"schema": {"type": "string"}}},
+                      SSE_CONTENT_TYPE: speech_sse_openapi()},
           "headers": {name: {"description": description, "required": required, "schema": {"type": "string"}}
                       for name, description, required in (
                           ("x-qwen3tts-model", "the served model (aliases resolved)", True),
@@ -66,9 +66,14 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         raise
     speech = SpeechStream(plan.served.id, stream, OffloadedEncoder(encoder, state.encoder_pool),
                           plan.served.model.sample_rate, state.metrics, received_at)
-    if not await speech.wait_for_audio(request.receive):
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    timeout = state.config.limits.send_timeout_s
-    if body.stream_format == "sse":
-        return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers(), timeout)
-    return SpeechResponse(speech, audio_body(speech), CONTENT_TYPES[body.response_format], plan.headers(), timeout)
+    try:  # until the response owns the stream, any failure here must release it
+        if not await speech.wait_for_audio(request.receive):
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        timeout = state.config.limits.send_timeout_s
+        if body.stream_format == "sse":
+            return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers(), timeout)
+        return SpeechResponse(speech, audio_body(speech), CONTENT_TYPES[body.response_format], plan.headers(),
+                              timeout)
+    except BaseException:
+        speech.close()
+        raise

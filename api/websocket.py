@@ -40,8 +40,10 @@ Limits (`api/limits.py` `ServerLimits`, per server):
 - `ws_max_session_s`: at this age a session is stopped the same way, `"limit": "session_length"`
   (what was sent is still spoken). 0 turns either timer off.
 - `send_timeout_s`: a client that takes no message for this long (its audio piles up) is ended:
-  its stream is cancelled, the server stops sending and closes with 1008 "send_timeout" (a client
-  that never reads again never sees that frame), and everything the socket held is freed.
+  its stream is cancelled and everything it held freed at once, nothing more is sent but the close
+  frame (1008 "send_timeout"). That frame waits for the client to read again or leave (ASGI cannot
+  drop a connection whose client does not read): until then the stalled connection still counts as
+  one of the client's sockets, so stalled connections stay bounded by the socket limits.
 
 A client that disconnects cancels its stream; the engine frees the slot at its next iteration.
 """
@@ -337,10 +339,11 @@ class Connection:
             self.end()
             await self.release()
         close = self._ended.result()
-        if close is not None:  # bounded: a client that reads nothing never takes the close frame
+        if close is not None:
+            # returns once the client takes the frame or is gone; until then its connection (which
+            # ASGI cannot drop) keeps its place in SocketCounts
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.limits.send_timeout_s):
-                    await self.ws.close(*close)
+                await self.ws.close(*close)
 
     async def _receive(self) -> Message | None:
         """The next client message; None once the client left or the socket was ended."""
@@ -383,9 +386,12 @@ class Connection:
             if not isinstance(message, dict):
                 raise invalid_request("A message must be a JSON object with a 'type'.", param="type")
             kind = message.get("type")
-            handler = {"start": self.start, "text": self.text, "stop": self.stop, "cancel": self.cancel}.get(kind)
+            handlers = {"start": self.start, "text": self.text, "stop": self.stop, "cancel": self.cancel}
+            handler = handlers.get(kind) if isinstance(kind, str) else None
             if handler is None:
-                raise invalid_request(f"Unknown message type {kind!r}: expected start, text, stop or cancel.",
+                shown = (repr(kind[:40]) if isinstance(kind, str) else "(missing)" if kind is None
+                         else f"of JSON type {type(kind).__name__}")
+                raise invalid_request(f"Unknown message type {shown}: expected start, text, stop or cancel.",
                                       param="type")
             await handler(message)
         except APIError as e:
@@ -468,7 +474,10 @@ class Connection:
                 continue
             session.limit = "session_length" if end_at <= idle_at else "idle_timeout"
             log.info("websocket stream %s reached its %s limit: stopping it", session.id, session.limit)
-            session.stop() if session.has_text else session.cancel()
+            if session.has_text:
+                session.stop()
+            else:
+                session.cancel()
 
     def _require_session(self, kind: str) -> Session:
         if self.session is None:

@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostile", type=int, default=2, help="hostile clients (default 2)")
     p.add_argument("--no-probe", action="store_true", help="no probe client repeating the unloaded request")
     p.add_argument("--max-frames", type=int, default=12, help="max_frames of every request (80 ms each; default 12)")
-    p.add_argument("--baseline", type=int, default=20, help="sequential unloaded requests before the load (20)")
+    p.add_argument("--baseline", type=int, default=20,
+                   help="sequential unloaded requests before the load (default 20; at most 4 minutes of them)")
     p.add_argument("--threads", type=int, default=2, help="server --threads (default 2)")
     p.add_argument("--max-streams", type=int, default=4,
                    help="server --max-streams (default 4: below the clients' peak, so requests also wait in the "
@@ -80,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "0 keeps the server's default)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="extra flag for `serve` (repeat; e.g. --server-arg=--max-queue=4)")
-    p.add_argument("--request-timeout", type=float, default=120.0, help="seconds one request may take (120)")
+    p.add_argument("--request-timeout", type=float, default=180.0,
+                   help="seconds one request may take before it counts as a timeout (default 180)")
     p.add_argument("--settle", type=float, default=60.0, help="seconds at most to wait for the server to go idle")
     p.add_argument("--sample-every", type=float, help="seconds between RSS samples (default 2, or 5 past 10 min)")
     p.add_argument("--out", type=Path, default=OUT, help="folder for soak-<stamp>.json/.md (bench/out/)")
@@ -119,6 +121,10 @@ def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
         conn.close()
 
 
+class ServerFailed(RuntimeError):
+    """The server did not start (its log tail is in the message)."""
+
+
 def serve_has_flag(flag: str) -> bool:
     """Whether this checkout's `serve` takes `flag` (older servers have no limit flags)."""
     out = subprocess.run([sys.executable, "-m", "qwen3_tts_gguf", "serve", "--help"], cwd=ROOT, capture_output=True,
@@ -147,7 +153,7 @@ class Server:
         t0 = time.monotonic()
         while time.monotonic() - t0 < limit_s:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise ServerFailed(f"the server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 status, data = get(self.port, "/ready", 5)
                 if status == 200:
@@ -155,7 +161,7 @@ class Server:
             except OSError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"server not ready within {limit_s:.0f} s:\n{self.log_tail()}")
+        raise ServerFailed(f"the server was not ready within {limit_s:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 30) -> str:
         self._log.flush()
@@ -226,7 +232,8 @@ class Sampler(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
-        self.join(timeout=30)
+        if self.ident is not None:  # started
+            self.join(timeout=30)
 
 
 # -- figures -----------------------------------------------------------------------------------------
@@ -275,10 +282,14 @@ def gauges(metrics: dict) -> dict:
     return {k: v for k, v in metrics["values"].items() if metrics["types"].get(k.split("{")[0]) == "gauge"}
 
 
-def by_label(metrics: dict, name: str, label: str) -> dict:
+def by_label(metrics: dict, name: str, label: str, skip_paths: tuple[str, ...] = ()) -> dict:
+    """Sum of `name` by one label's value (series whose path label is in skip_paths left out)."""
     out: dict = {}
     for key, value in metrics["values"].items():
         if key.split("{")[0] == name:
+            path = re.search(r'path="([^"]*)"', key)
+            if path and path.group(1) in skip_paths:
+                continue
             m = re.search(label + r'="([^"]*)"', key)
             out[m.group(1) if m else ""] = out.get(m.group(1) if m else "", 0) + value
     return out
@@ -339,13 +350,21 @@ def scan_log(path: Path) -> dict:
 
 # -- phases -----------------------------------------------------------------------------------------
 
+BASELINE_LIMIT_S = 240.0
+"""The unloaded baseline stops after this long even when it has fewer than --baseline requests."""
+
+
 async def baseline(target: Target, n: int) -> tuple[list[float], list[str]]:
     """n sequential probe requests after one warm-up: first-audio times, and anything that went wrong."""
     import httpx
 
     times, problems = [], []
+    t0 = time.monotonic()
     async with httpx.AsyncClient(trust_env=False, timeout=target.timeout_s) as client:
         for i in range(n + 1):
+            if i > 1 and time.monotonic() - t0 > BASELINE_LIMIT_S:
+                problems.append(f"stopped after {i - 1} requests: the {BASELINE_LIMIT_S:.0f} s limit")
+                break
             res = await http_speech(client, target, body=probe_body(target))
             if res.status != 200 or not res.complete:
                 problems.append(f"status {res.status}, {res.error or ''} {res.data[:200]!r}")
@@ -423,12 +442,15 @@ def run(args) -> dict:
         result["leaks"] = leak_check(idle_before, idle_after, result["slots"])
         result["idle_before"], result["idle_after"] = summarize_idle(idle_before), summarize_idle(idle_after)
         result["server_metrics"] = {
-            "requests_by_status": by_label(idle_after["metrics"], "qtts_http_requests_total", "status"),
+            "requests_by_status": by_label(idle_after["metrics"], "qtts_http_requests_total", "status",
+                                           skip_paths=("/ready", "/metrics", "/health")),
             "streams_by_reason": by_label(idle_after["metrics"], "qtts_speech_streams_total", "reason")}
     finally:
-        sampler.stop()
-        result["server_exit_code"] = server.stop()
-        result["loadavg_end"] = machine.loadavg()
+        try:
+            sampler.stop()
+        finally:
+            result["server_exit_code"] = server.stop()
+            result["loadavg_end"] = machine.loadavg()
     result["samples"] = sampler.samples
     result["ready_failures"] = sampler.ready_failures
     result["rss"] = rss_figures(sampler.samples)
@@ -584,7 +606,8 @@ def render(r: dict) -> str:
         lines.append(f"| {kind} | " + " | ".join(str(c.get(o, "")) for o in outcomes) + " |")
     sm = r.get("server_metrics", {})
     if sm:
-        lines += ["", f"Server's own counters: requests by status {json.dumps(sm['requests_by_status'])}; "
+        lines += ["", f"Server's own counters: requests by status (the soak's /ready and /metrics polls left out) "
+                      f"{json.dumps(sm['requests_by_status'])}; "
                       f"streams by finish reason {json.dumps(sm['streams_by_reason'])}."]
     events = r.get("recorder", {}).get("events", [])
     if events:
@@ -612,7 +635,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.minutes <= 0:
         raise SystemExit("--minutes must be positive")
-    result = run(args)
+    try:
+        result = run(args)
+    except ServerFailed as e:
+        print(f"soak: {e}", file=sys.stderr)
+        return 2
     text = render(result)
     base = args.out / f"soak-{result['stamp']}"
     base.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))

@@ -16,6 +16,7 @@ one outcome per request in a `Recorder`. Outcomes:
 | `timeout` | no (complete) answer within the request timeout | **yes** |
 | `bad_response` | an answer that breaks the documented protocol (bad audio head, no `done`, 422, ...) | finding |
 | `unexpected_status` | a status other than the documented one (not 5xx) | finding |
+| `reset_on_upload` | an oversized body whose connection was reset while it was still being sent, so its early 413 never reached the client | finding |
 
 Nothing here ever connects anywhere but `HOST`.
 """
@@ -39,7 +40,7 @@ from .common import LATENCY_TEXTS, TEXT
 HOST = "127.0.0.1"  # the only address the soak ever talks to
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 ERROR_OUTCOMES = ("http_5xx", "dropped", "server_error_event", "timeout")
-FINDING_OUTCOMES = ("bad_response", "unexpected_status")
+FINDING_OUTCOMES = ("bad_response", "unexpected_status", "reset_on_upload")
 VOICES = ("ryan", "aiden", "serena", "vivian", "alloy", "nova", "echo", "ash")
 FRAME_BYTES_PCM = 1920 * 2  # one 80 ms frame at 24 kHz, s16
 

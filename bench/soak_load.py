@@ -214,7 +214,7 @@ def _out_of_range(model: str) -> list[tuple[str, object, tuple[int, ...]]]:
 
 
 ODD_NAMES = ("", " ", "\u0000", "\r\nX-Injected: yes", "ü-ñ", "🙂", "a" * 300, "$ref", "__proto__",
-             "constructor", "x-qwen3tts-model", "Content-Length", "\ud83d", "line\nbreak", "tab\there", "é" * 50,
+             "constructor", "x-qwen3tts-model", "Content-Length", "line\nbreak", "tab\there", "é" * 50,
              "日本語", "\\", "\"quoted\"", "semi;colon,comma")
 
 
@@ -283,8 +283,13 @@ async def hostile_http(case: str, target: Target, rng: random.Random, rec: Recor
     elif case == "oversized_body":
         size = rng.choice([1_100_000, 2_000_000, 5_000_000])
         content = _body_with(target, "input", "z" * size)
-        await _expect_refusal(kind, rec, target, client, content, (400, 413), f"POST /v1/audio/speech, {len(content)}-byte "
-                              "body (input of that many characters)", drop_ok=False)
+        desc = f"POST /v1/audio/speech, {len(content)}-byte body (input of that many characters)"
+        res = await http_speech(client, target, content=content, close_after_bytes=1)
+        if res.status is None and res.error and res.error.startswith(("ReadError", "WriteError", "RemoteProtocolError")):
+            # the server answers 413 from Content-Length and closes; the rest of the body then meets a reset
+            rec.record(kind, "reset_on_upload", request=desc, detail=res.error)
+        else:
+            _judge_refusal(kind, rec, res, (400, 413), desc)
     elif case == "oversized_declared":  # Content-Length far above the limit, body never sent
         request = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: {HOST}:{target.port}\r\nContent-Type: application/json\r\n"
                    f"Content-Length: {50 * 1024 * 1024}\r\n\r\n").encode() + b'{"model":'

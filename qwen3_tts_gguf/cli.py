@@ -474,6 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--max-streams", type=int, default=8)
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting for a slot before 429")
+    p.add_argument("--max-live-waiting", type=int, default=64,
+                   help="live-text streams (WebSocket) waiting for their first words, apart from --max-queue; "
+                        "429 above (default 64)")
+    p.add_argument("--max-buffered-audio-s", type=float, default=10.0,
+                   help="seconds of audio a stream may make ahead of its reader before it is paused (default 10)")
     p.add_argument("--deterministic", action="store_true", help="F32 KV cache, flash attention off (parity)")
     _add_device_args(p)
     _add_limit_args(p)

@@ -14,8 +14,8 @@ logit are all kept (HF's sort order decides among them).
 
 Every accepted setting gives a finite distribution, whatever the logits (the HTTP schema bounds the
 settings; this module copes with the whole range SamplingParams accepts). Where HF's fp32 maths
-would overflow into inf/NaN, the limit it tends to is used instead; ordinary rows are computed
-exactly as before, bit for bit:
+would overflow into inf/NaN, the limit it tends to is used instead; every other row is computed
+with HF's fp32 operations, bit for bit (tests/test_sampler_domain.py checks both):
 - NaN logits count as -inf (never drawn).
 - A row whose scaled logits are not all finite-or--inf (a tiny temperature, huge logits, +inf from
   an extreme repetition penalty): the scaling is redone on logits shifted by their maximum, which
@@ -23,6 +23,8 @@ exactly as before, bit for bit:
   maximal logits (the greedy limit); +inf logits are the only candidates, equally likely.
 - A row with every logit -inf (nothing allowed) draws token 0, as greedy argmax does.
 - top_k beyond the vocabulary is off (as 0), however large.
+The code predictor's in-graph sampler has none of this: it only ever gets the model's own
+generation_config settings (a request can only turn greedy on).
 """
 
 from __future__ import annotations

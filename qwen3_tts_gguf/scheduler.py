@@ -29,8 +29,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -382,8 +381,6 @@ class Engine:
     def _end_unstarted(self, stream: Stream, reason: str, error: str | None = None,
                        retryable: bool = False) -> None:
         stream.text.cancel()
-        if reason == "cancelled":
-            self.stats["cancelled"] += 1
         stream._put(SynthesisResult(0, stream.text.text_tokens, reason, error=error, retryable=retryable))
 
     def _worker(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -17,12 +16,14 @@ import openai
 import pytest
 
 from api import ModelRegistry, ServerConfig, create_app
+from api.limits import ServerLimits
 from api.testing import ServerThread
 from qwen3_tts_gguf.audio_encoding import to_s16
 from qwen3_tts_gguf.model import EngineSettings
 from qwen3_tts_gguf.prompt import VoiceSpec
 from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.sampler import SamplingParams
+from tests.waiting import wait_until
 
 LONG_TEXT = ("This sentence is long enough that the engine would speak for a good while if nobody stopped it, "
              "which is exactly what a disconnecting client should do.")
@@ -30,16 +31,12 @@ SPEAKERS = ["ryan", "aiden", "serena", "vivian", "sohee", "ono_anna", "uncle_fu"
 
 
 def serve(folder, **settings):
+    """Every client here is 127.0.0.1: the per-client cap is lifted to play many clients."""
     registry = ModelRegistry.load([folder], EngineSettings(threads=1, deterministic=True, **settings))
-    return registry, ServerThread(create_app(ServerConfig(webui_dir=None), registry))
+    config = ServerConfig(webui_dir=None, limits=ServerLimits(max_requests_per_client=64))
+    return registry, ServerThread(create_app(config, registry))
 
 
-def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def body(text: str, speaker: str, seed: int, frames: int, fmt: str = "pcm") -> dict:

@@ -5,7 +5,6 @@ not depend on its neighbours, so "the others are untouched" is an exact comparis
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +16,7 @@ from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.sampler import SamplingParams
 from qwen3_tts_gguf.scheduler import Engine, EngineBusy, EngineStopped
 from qwen3_tts_gguf.talker import TalkerError
+from tests.waiting import wait_until
 
 SAMPLED = SamplingParams(temperature=0.9, top_k=50)
 TEXTS = ["The first stream speaks calmly.", "A second stream says something else.",
@@ -36,12 +36,6 @@ def collect(stream):
     return stream.result, wav
 
 
-def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture(scope="module")

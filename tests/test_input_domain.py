@@ -58,7 +58,7 @@ def _refusal(body: dict) -> dict:
     ("repetition_penalty", 0), ("repetition_penalty", 0.009), ("repetition_penalty", 100.5),
     ("repetition_penalty", float("-inf")),
     ("max_frames", 2.0), ("max_frames", 0), ("max_frames", 6001), ("max_frames", "2"), ("max_frames", False),
-    ("seed", -1), ("seed", 2**63), ("seed", 1.0), ("seed", "7"),
+    ("seed", -1), ("seed", 2**53), ("seed", 2**63), ("seed", 1.0), ("seed", "7"),
     ("speed", 0.2), ("speed", 4.01), ("speed", True), ("speed", "1.0"), ("speed", None),
     ("language", "x" * 33), ("language", 5),
     ("model", ""), ("model", "m" * 257), ("model", 1),
@@ -75,7 +75,7 @@ def test_values_outside_the_domain_are_refused_naming_the_field(field, value):
 @pytest.mark.parametrize("field, value", [
     ("temperature", 0), ("temperature", 1), ("temperature", 100), ("temperature", 1e-300), ("top_p", 0),
     ("top_p", 1), ("top_k", 0), ("top_k", 1_000_000), ("repetition_penalty", 0.01), ("repetition_penalty", 100),
-    ("max_frames", 1), ("max_frames", 6000), ("seed", 0), ("seed", 2**63 - 1), ("speed", 4), ("speed", 0.25),
+    ("max_frames", 1), ("max_frames", 6000), ("seed", 0), ("seed", 2**53 - 1), ("speed", 4), ("speed", 0.25),
     ("language", ""), ("language", "x" * 32), ("model", "m" * 256), ("voice", {"id": "v" * 256}),
     ("input", "x" * 4096), ("input", " \u3000x"), ("temperature", None), ("max_frames", None),
 ])
@@ -154,6 +154,13 @@ def test_wrong_methods_are_405_with_the_routes_allow_header(http, method, path, 
     assert response.status_code == 405
     assert response.headers["allow"] == allow
     assert _envelope(response)["code"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize("path, param", [("/v1/audio/voices?model=" + "m" * 257, "model"),
+                                         ("/v1/models/" + "m" * 257, "model_id")])
+def test_query_and_path_parameters_have_bounds_too(http, path, param):
+    response = http.get(path)
+    assert response.status_code == 400 and _envelope(response)["param"] == param
 
 
 def test_unknown_paths_stay_404(http, server):
@@ -257,7 +264,7 @@ def test_openapi_states_every_bound_of_the_speech_request(openapi):
         spec = variant(field)
         assert "minimum" in spec and "maximum" in spec, field
     assert variant("max_frames") == {"type": "integer", "minimum": 1, "maximum": 6000}
-    assert variant("seed")["maximum"] == 2**63 - 1 and variant("top_k")["type"] == "integer"
+    assert variant("seed")["maximum"] == 2**53 - 1 and variant("top_k")["type"] == "integer"
     for field in ("model", "input", "instructions", "language"):
         assert "maxLength" in variant(field), field
     assert props["input"]["pattern"] == NOT_BLANK_PATTERN

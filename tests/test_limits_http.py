@@ -14,7 +14,6 @@ import json
 import logging
 import socket
 import threading
-import time
 from contextlib import contextmanager
 
 import pytest
@@ -32,6 +31,7 @@ from api.voice_profiles import StoredVoiceProfiles
 from qwen3_tts_gguf.model import EngineSettings
 from qwen3_tts_gguf.voices import VoiceStore
 from tests.test_cli_voices import speechlike
+from tests.waiting import wait_until
 
 SLOW = ServerLimits(body_timeout_s=0.3, header_timeout_s=0.3)
 LIMITS = ServerLimits(max_body_bytes=4096, max_upload_bytes=100_000, max_form_fields=4, max_connections=6,
@@ -44,13 +44,6 @@ def wav_bytes(seconds: float, seed: int = 0) -> bytes:
     buf = io.BytesIO()
     soundfile.write(buf, speechlike(seconds, 24000, seed), 24000, format="WAV")
     return buf.getvalue()
-
-
-def wait_until(predicate, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 @contextmanager
@@ -127,6 +120,23 @@ def test_json_body_over_the_cap_gets_413_with_or_without_a_length(server, http):
     r = http.post("/v1/audio/speech", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413 and error_of(r)["code"] == "payload_too_large"
     assert http.post("/v1/audio/speech", json=speech()).status_code == 200  # a normal body still passes
+
+
+def test_a_client_still_sending_a_big_body_reads_its_413(server):
+    """A body well over the cap (but under the drain bound) is read and dropped before the answer:
+    closing on a client that is still sending would reset the connection instead of answering."""
+    data = b'{"input": "' + b"x" * (3 * 1024 * 1024) + b'"}'
+    chunked = iter([data[i:i + 65536] for i in range(0, len(data), 65536)])  # no Content-Length
+    for content in (data, chunked):
+        r = httpx.post(f"{server.url}/v1/audio/speech", content=content,
+                       headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 413 and error_of(r)["code"] == "payload_too_large"
+
+
+def test_an_unknown_api_path_is_404_for_every_method(server, http):
+    for method in ("GET", "POST", "DELETE"):
+        r = http.request(method, "/v1/audio/nope")
+        assert r.status_code == 404 and error_of(r)["code"] == "not_found", method
 
 
 def test_multipart_upload_limits(server, http, voices_dir):
@@ -346,7 +356,8 @@ def test_cross_site_posts_are_refused(server, http):
     for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"}):
         r = http.post("/v1/audio/voices", data={"name": "evil"}, files={"audio_sample": clip}, headers=headers)
         assert r.status_code == 403 and error_of(r)["code"] == "origin_not_allowed", headers
-        r = http.post("/v1/audio/speech", content=json.dumps(speech()), headers={**headers, "content-type": "text/plain"})
+        plain = {**headers, "content-type": "text/plain"}
+        r = http.post("/v1/audio/speech", content=json.dumps(speech()), headers=plain)
         assert r.status_code == 403, headers
         assert http.delete("/v1/audio/voices/any", headers=headers).status_code == 403
     assert http.get("/v1/models", headers={"Origin": "http://evil.example"}).status_code == 200  # reads pass

@@ -209,6 +209,9 @@ def test_bad_messages_get_error_events_and_the_socket_keeps_working(server, regi
         expect_error(ws, "invalid_value", "type")
         send(ws, type="speak")
         expect_error(ws, "invalid_value", "type")
+        for kind in (["start"], {"start": 1}, None, 7):  # not a string: never a server error
+            send(ws, type=kind)
+            assert expect_error(ws, "invalid_value", "type")["type"] == "invalid_request_error"
         ws.send(b"\x00\x01")
         expect_error(ws, "unsupported_message")
         send(ws, type="text", text="early")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
     import httpx2 as httpx
@@ -40,7 +40,7 @@ def registry(tiny_cv_f32):
     registry.close()
 
 
-@contextmanager
+@contextlib.contextmanager
 def serve(registry: ModelRegistry, **limits) -> Iterator[ServerThread]:
     """A server whose ServerLimits are the defaults but for `limits`."""
     app = create_app(ServerConfig(api_key=KEY, webui_dir=None, limits=ServerLimits(**limits)), registry)
@@ -245,7 +245,8 @@ def test_sockets_per_client_and_in_all_are_capped(registry):
 def test_a_client_that_stops_reading_is_ended_and_frees_its_slot(registry):
     """The client stops reading (a tiny receive buffer and message queue, and no recv), while its
     stream makes audio: TCP backpressure stalls the server's send, and after `send_timeout_s` the
-    stream is cancelled, the slot and the socket's place freed, and the connection ended."""
+    stream is cancelled and its engine slot freed. The stalled connection keeps its socket's place
+    until the client reads again: then it gets the audio in flight, the close frame, and no `done`."""
     engine = registry.default.engine
     with serve(registry, send_timeout_s=0.5, max_sockets_per_client=1) as server:
         # accepted sockets inherit the listener's buffer size: a small send buffer on the server side
@@ -259,13 +260,30 @@ def test_a_client_that_stops_reading_is_ended_and_frees_its_slot(registry):
             eventually(lambda: engine.stats["cancelled"] == cancelled_before + 1)
             ready = httpx.get(f"{server.url}/ready", timeout=TIMEOUT).json()
             assert ready["models"][0]["active"] == 0
-            assert wait_idle(registry)["active"] == 0
-            eventually(lambda: admitted_now(server))  # the stalled socket's one place for this client
-            # reading again: the audio that was in flight, then the end, and never a `done`
+            assert not admitted_now(server)  # the stalled connection is still this client's one socket
             with pytest.raises(ConnectionClosed):
                 while True:
                     message = stalled.recv(timeout=TIMEOUT)
-                    assert isinstance(message, bytes), message
-            assert stalled.close_code in (1008, 1006)
+                    assert isinstance(message, bytes), message  # audio only: no `done`
+            assert (stalled.close_code, stalled.close_reason) == (1008, "send_timeout")
+            eventually(lambda: admitted_now(server))  # gone: its place is free
         finally:
             stalled.close_socket()
+
+
+def test_a_text_frame_that_is_not_utf8_closes_1007_with_one_log_line(registry):
+    """uvicorn logs this client fault with a traceback; the server makes it one warning line."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    uvicorn_log = logging.getLogger("uvicorn.error")  # no propagation to the root; configured per server
+    with serve(registry) as server:
+        uvicorn_log.addHandler(handler)
+        try:
+            with open_from(server) as ws:
+                ws.send(b'{"type":"start","voice":"\xff\xfe"}', text=True)  # bytes sent as a text frame
+                assert closed_with(ws) == 1007
+        finally:
+            uvicorn_log.removeHandler(handler)
+    faults = [r for r in records if r.getMessage().startswith("Invalid UTF-8")]
+    assert faults and all(r.exc_info is None and r.levelname == "WARNING" for r in faults)

@@ -1,4 +1,4 @@
-"""Through a real server: a dead engine worker is restarted (503 with Retry-After meanwhile), a
+"""Through a real server: a prompt too long for the context is a 400; a dead engine worker is restarted (503 with Retry-After meanwhile), a
 hopeless one makes /health fail; a client that stops reading is paused, then ended, and frees its slot."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import httpx
 import pytest
@@ -16,14 +15,9 @@ from api.limits import ServerLimits
 from api.registry import SupervisionPolicy
 from api.testing import ServerThread
 from qwen3_tts_gguf.model import EngineSettings
+from tests.waiting import wait_until
 
 
-def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def speech(frames: int = 4, fmt: str = "pcm", text: str = "Hello there.") -> dict:
@@ -119,5 +113,22 @@ def test_a_client_that_stops_reading_is_paused_then_ended(tiny_cv_f32):
             assert not received.endswith(b"0\r\n\r\n")  # cut off, never made to look complete
             client.close()
             assert httpx.post(f"{server.url}/v1/audio/speech", json=speech()).status_code == 200
+    finally:
+        registry.close()
+
+
+def test_a_prompt_too_long_for_the_context_is_a_400_before_any_audio(tiny_cv_f32):
+    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True, max_streams=8,
+                                                                n_ctx=2048))  # 256 cells per stream
+    try:
+        with ServerThread(create_app(ServerConfig(webui_dir=None), registry)) as server:
+            too_long = {**speech(), "instructions": "Speak slowly and clearly. " * 60}
+            answer = httpx.post(f"{server.url}/v1/audio/speech", json=too_long, timeout=30)
+            assert answer.status_code == 400
+            assert answer.json()["error"]["code"] == "context_length_exceeded"
+            assert answer.json()["error"]["param"] == "input"
+            digits = {**speech(frames=6), "input": "".join(str(i % 10) for i in range(600))}
+            ok = httpx.post(f"{server.url}/v1/audio/speech", json=digits, timeout=60)  # split until it fits
+            assert ok.status_code == 200 and len(ok.content) == 6 * 1920 * 2
     finally:
         registry.close()
