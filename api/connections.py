@@ -14,6 +14,7 @@ no client can flood the log with tracebacks.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -22,9 +23,12 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .config import ServerConfig
-from .errors import unavailable
+from .errors import invalid_request, unavailable
 
 GRACEFUL_SHUTDOWN_S = 5
+WS_HARD_LIMIT_BYTES = 1024 * 1024
+"""WebSocket messages above max(this, 2 x --ws-max-message-bytes) are dropped by uvicorn (1009)
+without an error event; smaller ones over the limit get one."""
 
 
 async def _too_many_connections(scope: Any, receive: Any, send: Any) -> None:
@@ -87,6 +91,31 @@ class BoundedH11Protocol(H11Protocol):
         self._watch_head()
         super().connection_lost(exc)
 
+    # -- malformed requests ------------------------------------------------------------------------
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot parse, in the OpenAI envelope. A request whose
+        app is already running (a bad chunk mid-body) is cut loose first, so the app sees the
+        client as gone instead of answering into a connection that has its answer."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:  # too late for a status: just close
+                self.transport.close()
+                return
+        error = invalid_request("The request is not valid HTTP/1.1.", code="invalid_http")
+        body = json.dumps(error.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close"), (b"x-should-retry", b"false")]
+        try:
+            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers,
+                                                             reason=b"Bad Request")))
+            self.transport.write(self.conn.send(h11.Data(data=body)))
+            self.transport.write(self.conn.send(h11.EndOfMessage()))
+        except h11.LocalProtocolError:  # the connection's state allows no answer any more
+            pass
+        self.transport.close()
+
     # -- the connection limit ---------------------------------------------------------------------
     def handle_events(self) -> None:
         limit = self.max_connections
@@ -126,9 +155,9 @@ def uvicorn_config(app: Any, config: ServerConfig, *, host: str | None = None, p
                                     port=config.port if port is None else port,
                                     http=bounded_protocol(limits.header_timeout_s),
                                     limit_concurrency=limits.max_connections,
-                                    # twice the message limit: the app answers oversize messages with an
-                                    # error event; uvicorn drops only far bigger ones itself (1009)
-                                    ws_max_size=2 * limits.ws_max_message_bytes,
+                                    # the app answers oversize messages with an error event; uvicorn
+                                    # drops only far bigger ones itself (1009)
+                                    ws_max_size=max(2 * limits.ws_max_message_bytes, WS_HARD_LIMIT_BYTES),
                                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info")
     settings.update(overrides)
     _quiet_client_faults()

@@ -84,6 +84,11 @@ def _open_input(source) -> tuple[object, int | None, str]:
                     "a binary file object or an (array, sample_rate) tuple")
 
 
+def _reason(error: Exception) -> str:
+    """FFmpeg's own words for what is wrong with the data (never a path or a class name)."""
+    return getattr(error, "strerror", None) or "the data is not audio this server can read"
+
+
 def decode_audio(source, limits: AudioLimits = DEFAULT_LIMITS) -> tuple[np.ndarray, int]:
     """Decode the first audio stream of a file/bytes/stream: (mono float32 samples, sample rate)."""
     import av
@@ -98,7 +103,7 @@ def decode_audio(source, limits: AudioLimits = DEFAULT_LIMITS) -> tuple[np.ndarr
     try:
         container = av.open(target, mode="r")
     except (av.error.FFmpegError, UnicodeDecodeError, OSError) as e:
-        raise ReferenceAudioError(f"{label} is not a readable audio file ({e})") from e
+        raise ReferenceAudioError(f"{label} is not a readable audio file ({_reason(e)})") from e
     try:
         stream = next((s for s in container.streams if s.type == "audio"), None)
         if stream is None:
@@ -125,7 +130,7 @@ def decode_audio(source, limits: AudioLimits = DEFAULT_LIMITS) -> tuple[np.ndarr
         except ReferenceAudioError:
             raise
         except (av.error.FFmpegError, ValueError) as e:  # ValueError: format changes mid-stream
-            raise ReferenceAudioError(f"{label} could not be decoded ({e})") from e
+            raise ReferenceAudioError(f"{label} could not be decoded ({_reason(e)})") from e
     finally:
         container.close()
     if rate is None or not chunks:
