@@ -24,7 +24,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import headers
-from .errors import SERVER_ERROR, APIError, payload_too_large, unauthorized
+from .errors import SERVER_ERROR, APIError, invalid_request, payload_too_large, unauthorized
 from .limits import ServerLimits
 from .metrics import Metrics
 
@@ -175,7 +175,14 @@ class BodyLimits:
         limit = self.limit_for(scope)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.body_timeout_s
-        length = Headers(scope=scope).get("content-length", "")
+        request_headers = Headers(scope=scope)
+        length = request_headers.get("content-length", "")
+        if length and "transfer-encoding" in request_headers:  # ambiguous framing (request smuggling)
+            error = invalid_request("A request may not carry both Content-Length and Transfer-Encoding.",
+                                    code="invalid_http")
+            error.headers.update(_CLOSE)
+            await error.response()(scope, receive, send)
+            return
         if length.isdigit() and int(length) > limit:
             if int(length) <= DRAIN_BYTES:
                 await _discard_body(receive, deadline - loop.time())

@@ -15,6 +15,7 @@ from qwen3_tts_gguf.scheduler import EngineBusy, EngineStopped, Stream
 from . import headers
 from .clients import Client
 from .errors import context_length_exceeded, invalid_request, queue_full, unavailable
+from .lifecycle import PROCESS
 from .registry import ServedModel
 from .schemas import SpeechRequest
 from .voices import ResolvedVoice, VoiceProfiles, resolve_voice
@@ -90,8 +91,10 @@ async def start_stream(plan: SpeechPlan, live_request: SynthesisRequest | None =
     arrives later; the prompt is built off the event loop. Engine refusals become API errors.
 
     `client` (`clients.client_of(request)`; None = not limited) holds one of its places for as long
-    as the stream lives: 429 `client_limit` when it has none left.
+    as the stream lives: 429 `client_limit` when it has none left. While the server drains, 503
+    (`lifecycle.draining_error`): every protocol starts its streams here, so every one drains.
     """
+    PROCESS.refuse_if_draining()
     if client is not None:
         client.acquire()
     try:
@@ -122,6 +125,6 @@ async def _queue(plan: SpeechPlan, live_request: SynthesisRequest | None) -> Str
     except EngineStopped as e:
         raise unavailable(f"The engine is not running ({e}); retry.", retry_after_s=e.retry_after_s) from None
     except ContextLengthExceeded as e:
-        raise context_length_exceeded(str(e)) from None
+        raise context_length_exceeded(str(e), param=e.param) from None
     except PromptError as e:
         raise invalid_request(str(e)) from None

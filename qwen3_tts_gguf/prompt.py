@@ -32,7 +32,13 @@ class PromptError(ValueError):
 
 
 class ContextLengthExceeded(PromptError):
-    """The prompt (instructions + text + voice reference) cannot fit one stream's talker context."""
+    """The prompt (instructions + text + voice reference) cannot fit one stream's talker context.
+    `param` names what to shorten: "instructions" (with the voice reference, the part that does not
+    depend on the text) or "input"."""
+
+    def __init__(self, message: str, param: str = "input"):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True, eq=False)

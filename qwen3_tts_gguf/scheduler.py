@@ -130,6 +130,7 @@ class Engine:
         self._dead: str | None = None
         self._restarts = 0
         self._bypassed = 0  # admissions that passed the stream at the head of the queue
+        self._room_changed = True  # something may fit now (a stream came or went): try admitting
         self.heartbeat = time.monotonic()
         """Updated by the worker at least every 0.25 s while it is not inside one model call."""
         self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0, "errors": 0,
@@ -158,7 +159,7 @@ class Engine:
             self._stopping = True
             self._wake.notify_all()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=None if self._dead is None else 5)  # a stuck worker is left behind
             self._thread = None
         if self._prompt_pool is not None:
             self._prompt_pool.shutdown(wait=False, cancel_futures=True)
@@ -232,7 +233,7 @@ class Engine:
         self._check_request(request)
         text = FedText(self.model.prompts, request.voice, on_change=self._notify)
         if text.prefill_len() + self._min_frames(1) > self.model.talker.cells_per_stream:
-            raise ContextLengthExceeded(self._too_long(text.prefill_len()))
+            raise ContextLengthExceeded(self._too_long(text.prefill_len()), param="instructions")
         return self._enqueue(self._new_stream(request, text, loop))
 
     def _new_stream(self, request: SynthesisRequest, text, loop) -> Stream:
@@ -268,7 +269,7 @@ class Engine:
         voice); a segment that does not fit is split again. ContextLengthExceeded if none can."""
         cells = self.model.talker.cells_per_stream
         if fixed_rows + self._min_frames(1) + 1 > cells:
-            raise ContextLengthExceeded(self._too_long(fixed_rows))
+            raise ContextLengthExceeded(self._too_long(fixed_rows), param="instructions")
         body_ids = self.model.prompts.body_ids
         todo = split_segments(text, self.settings.max_segment_chars) or [text]
         segments: list[str] = []
@@ -311,6 +312,9 @@ class Engine:
 
     # -- queue --------------------------------------------------------------------------
     def _enqueue(self, stream: Stream) -> Stream:
+        """Queue a stream: a live one without a final token waits apart (bounded by max_pending_live)
+        and joins the queue when its first token comes, so the queue holds at most max_pending +
+        max_pending_live streams."""
         with self._wake:
             if isinstance(stream.text, FedText) and not stream.text.ready():
                 if len(self._waiting_text) >= self.settings.max_pending_live:
@@ -320,6 +324,7 @@ class Engine:
                 if len(self._waiting) >= self.settings.max_pending:
                     raise EngineBusy(f"{len(self._waiting)} requests are already waiting")
                 self._waiting.append(stream)
+                self._room_changed = True
             self._wake.notify_all()
         return stream
 
@@ -361,7 +366,7 @@ class Engine:
     def _runnable(self) -> bool:
         if any(s.cancelled for s in self._waiting_text):
             return True
-        if self._waiting and self._free_seqs:
+        if self._waiting and self._free_seqs and self._room_changed:  # (never spin on one that cannot fit)
             return True
         return any(a.stream.cancelled or a.logits is None or self._can_step(a) for a in self._active.values())
 
@@ -370,6 +375,7 @@ class Engine:
         for stream in [s for s in self._waiting if s.cancelled]:
             self._waiting.remove(stream)
             self._end_unstarted(stream, "cancelled")
+            self._room_changed = True  # it may have been the one the others waited behind
         for stream in list(self._waiting_text):
             if stream.cancelled:
                 self._waiting_text.remove(stream)
@@ -377,6 +383,7 @@ class Engine:
             elif stream.text.ready():
                 self._waiting_text.remove(stream)
                 self._waiting.append(stream)
+                self._room_changed = True
 
     def _end_unstarted(self, stream: Stream, reason: str, error: str | None = None,
                        retryable: bool = False) -> None:
@@ -409,6 +416,7 @@ class Engine:
         self._prefixes.clear()
         self._primed.clear()
         self._bypassed = 0
+        self._room_changed = True
 
     def _run(self) -> None:
         while True:
@@ -426,6 +434,7 @@ class Engine:
                         self.model.talker.drop(seq)
                     self._prefixes.clear()
                     self._forget_prefixes = False
+                    self._room_changed = True
                 admitted = self._admit()
             try:
                 self._iterate(admitted)
@@ -492,6 +501,7 @@ class Engine:
         self._prefixes[key] = (seq, rows)
 
     def _admit(self) -> list[_Active]:
+        self._room_changed = False
         admitted, skipped = [], deque()
         while self._waiting and self._free_seqs:
             stream = self._waiting.popleft()
@@ -741,6 +751,7 @@ class Engine:
             self._active.pop(act.seq)
             self._free_seqs.append(act.seq)
             self._free_seqs.sort()
+            self._room_changed = True
         act.text.cancel()
         stream = act.stream
         timings = dict(act.timings)

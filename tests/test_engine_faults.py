@@ -200,13 +200,21 @@ def test_a_large_request_does_not_block_smaller_ones(converted_factory):
                                        budget_base_frames=40, budget_frames_per_token=12))
     try:
         with Engine(model) as engine:
-            first = engine.submit(request(0, frames=200))  # holds its cells while we watch
+            # holds its cells while we watch (its budget, 40 + 12 per token, outlasts its 10 s backlog)
+            first = engine.submit(replace(request(0, frames=400), text=" ".join(["calm"] * 30)))
             next(iter(first))
             big = engine.submit(replace(request(1, frames=None), text=" ".join(["word"] * 70), max_frames=None))
             small = [engine.submit(request(2, frames=4)) for _ in range(3)]
             for stream in small:
                 assert collect(stream)[0].finish_reason == "max_frames"
             assert big.result_sent is None and engine.load()["waiting"] == 1  # still waiting, not dropped
+            # the running stream's reader is away: it pauses, and the engine waits instead of spinning
+            # on a request that cannot fit (an idle engine makes no iterations)
+            wait_until(lambda: engine.load()["paused"] == 1, what="the unread stream to pause")
+            iterations = engine.stats["iterations"]
+            threading.Event().wait(0.3)
+            assert engine.load()["waiting"] == 1
+            assert engine.stats["iterations"] - iterations <= 2
             first.cancel()
             list(first)
             wait_until(lambda: engine.load()["active"] >= 1 and engine.load()["waiting"] == 0,

@@ -133,6 +133,15 @@ def test_a_client_still_sending_a_big_body_reads_its_413(server):
         assert r.status_code == 413 and error_of(r)["code"] == "payload_too_large"
 
 
+def test_content_length_with_transfer_encoding_is_refused(server):
+    body = b'{"model": "tts-1"}'
+    answer = raw_request(server, b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                 b"Content-Type: application/json\r\nContent-Length: 18\r\n"
+                                 b"Transfer-Encoding: chunked\r\n\r\n12\r\n" + body + b"\r\n0\r\n\r\n")
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b'"invalid_http"' in payload
+
+
 def test_an_unknown_api_path_is_404_for_every_method(server, http):
     for method in ("GET", "POST", "DELETE"):
         r = http.request(method, "/v1/audio/nope")

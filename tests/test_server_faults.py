@@ -126,7 +126,7 @@ def test_a_prompt_too_long_for_the_context_is_a_400_before_any_audio(tiny_cv_f32
             answer = httpx.post(f"{server.url}/v1/audio/speech", json=too_long, timeout=30)
             assert answer.status_code == 400
             assert answer.json()["error"]["code"] == "context_length_exceeded"
-            assert answer.json()["error"]["param"] == "input"
+            assert answer.json()["error"]["param"] == "instructions"
             digits = {**speech(frames=6), "input": "".join(str(i % 10) for i in range(600))}
             ok = httpx.post(f"{server.url}/v1/audio/speech", json=digits, timeout=60)  # split until it fits
             assert ok.status_code == 200 and len(ok.content) == 6 * 1920 * 2
