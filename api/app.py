@@ -21,6 +21,8 @@ from .clients import ClientLimiter
 from .config import ServerConfig
 from .errors import install_error_handlers
 from .hosts import BrowserGuard
+from .lifecycle import TrackRequests
+from .logs import AccessLog
 from .middleware import APIKeyMiddleware, BodyLimits, RequestObserver
 from .registry import ModelRegistry
 from .state import AppState
@@ -68,16 +70,18 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
     install_error_handlers(app)
     for router in routers:
         app.include_router(router)
-    # add_middleware wraps: the last added runs first (CORS, request ids/metrics, Host and Origin,
-    # the key, then the body's size and time)
+    # add_middleware wraps: the last added runs first (requests in progress for the drain, CORS, request
+    # ids/metrics, the access record, Host and Origin, the key, then the body's size and time)
     app.add_middleware(BodyLimits, limits=limits)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     app.add_middleware(BrowserGuard, config=config)
+    app.add_middleware(AccessLog)
     app.add_middleware(RequestObserver, metrics=state.metrics)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=list(headers.EXPOSED))
+    app.add_middleware(TrackRequests)
     if config.webui_dir is not None and config.webui_dir.is_dir():
         app.mount("/", StaticFiles(directory=config.webui_dir, html=True), name="webui")
     return app

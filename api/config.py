@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 from qwen3_tts_gguf.model import EngineSettings
 from qwen3_tts_gguf.paths import PROJECT_ROOT, voices_dir
@@ -34,10 +35,17 @@ class ServerConfig:
     """Static web console served at `/` when the folder exists."""
     limits: ServerLimits = ServerLimits()
     """Bounds on size, time and count (`api/limits.py`)."""
+    drain_timeout_s: float = 60.0
+    """On SIGTERM/SIGINT, how long streams in flight may take to finish (`api/lifecycle.py`)."""
+    log_format: Literal["text", "json"] = "text"
+    """"text", or "json": one object per log line and an access record per request (`api/logs.py`)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
-        """From the `serve` arguments; QTTS_API_KEY stands in for a missing --api-key."""
+        """From the `serve` arguments (a flag left out keeps its default); QTTS_API_KEY stands in for a
+        missing --api-key."""
+        given = {name: getattr(args, name) for name in ("drain_timeout_s", "log_format")
+                 if getattr(args, name, None) is not None}
         return cls(
             host=args.host,
             port=args.port,
@@ -45,6 +53,7 @@ class ServerConfig:
             cors_origins=tuple(args.cors_origin or ()),
             voices_dir=args.voices_dir or voices_dir(),
             limits=limits_from_args(args),
+            **given,
         )
 
 

@@ -1,12 +1,13 @@
 """Liveness and readiness: GET /health (the process can serve: 503 only when an engine was given
 up, so a liveness probe replaces it) and GET /ready (every engine running; 503 with the reason and
-`Retry-After` while one restarts)."""
+`Retry-After` while one restarts, or at once when the server starts draining to stop)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from .errors import error_responses, unavailable
+from .lifecycle import PROCESS, draining_error
 from .schemas import Health, Readiness
 from .state import get_state
 
@@ -24,7 +25,9 @@ async def health(request: Request) -> dict:
 
 @router.get("/ready", response_model=Readiness, responses=error_responses(503))
 async def ready(request: Request) -> dict:
-    """200 with each model's load when every engine is running; 503 otherwise."""
+    """200 with each model's load when every engine is running; 503 otherwise (and while draining)."""
+    if PROCESS.draining:
+        raise draining_error()
     registry = get_state(request).registry
     if not registry.running:
         raise unavailable("The models are not loaded yet (or the server is stopping).", retry_after_s=1)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
+from .lifecycle import PROCESS
 from .registry import ModelRegistry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -87,6 +88,11 @@ def _quote(bound: float) -> str:
     return f'"{_number(bound)}"'
 
 
+def real_time_factor(reason: str, audio_s: float, wall_s: float) -> float | None:
+    """Wall time over audio time of a finished stream; None when it made no audio or was cut short."""
+    return wall_s / audio_s if audio_s > 0 and reason not in ("cancelled", "error") else None
+
+
 class Metrics:
     """The server's metrics: HTTP requests, finished streams, first-audio latency, real-time factor."""
 
@@ -110,19 +116,27 @@ class Metrics:
             self.first_audio.observe(first_audio_s, model=model)
         if audio_s > 0:
             self.audio_seconds.inc(audio_s, model=model)
-            if reason not in ("cancelled", "error"):
-                self.real_time_factor.observe(wall_s / audio_s, model=model)
+        rtf = real_time_factor(reason, audio_s, wall_s)
+        if rtf is not None:
+            self.real_time_factor.observe(rtf, model=model)
 
-    def render(self, registry: ModelRegistry) -> str:
+    def render(self, registry: ModelRegistry, *, websocket_sessions: int = 0, draining: bool = False) -> str:
+        """The exposition text; engine gauges read now, with the open sockets and the drain state."""
         lines: list[str] = []
         for metric in (self.requests, self.streams, self.audio_seconds, self.first_audio, self.real_time_factor):
             lines.extend(metric.render())
         loads = [(served.id, served.engine.load()) for served in registry.models]
         for key, name, help in (("active", "qtts_active_streams", "Streams being synthesised, by model."),
                                 ("waiting", "qtts_queue_depth", "Requests waiting for a slot, by model."),
-                                ("free_slots", "qtts_free_slots", "Free stream slots, by model.")):
+                                ("free_slots", "qtts_free_slots", "Free stream slots, by model."),
+                                ("waiting_text", "qtts_streams_waiting_for_text",
+                                 "Live-text streams (WebSocket) waiting for their first words, by model.")):
             lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge"]
             lines += [f"{name}{_labels((('model', model),))} {load[key]}" for model, load in loads]
+        for name, help, value in (
+                ("qtts_websocket_sessions", "Open WebSocket sessions (sockets).", websocket_sessions),
+                ("qtts_draining", "1 while the server drains before it stops, else 0.", int(draining))):
+            lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge", f"{name} {value}"]
         return "\n".join(lines) + "\n"
 
 
@@ -133,4 +147,5 @@ router = APIRouter()
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus scrape endpoint."""
     state = request.app.state.qtts
-    return PlainTextResponse(state.metrics.render(state.registry), media_type=CONTENT_TYPE)
+    return PlainTextResponse(state.metrics.render(state.registry, websocket_sessions=len(PROCESS.sessions),
+                                                  draining=PROCESS.draining), media_type=CONTENT_TYPE)

@@ -1,4 +1,5 @@
-"""`python -m qwen3_tts_gguf serve`: load the models, then run the app on uvicorn."""
+"""`python -m qwen3_tts_gguf serve`: load the models, then run the app on uvicorn until a signal
+drains and stops it (`lifecycle.py`)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,15 @@ import logging
 import sys
 from pathlib import Path
 
-import uvicorn
-
 from qwen3_tts_gguf.manifest import ModelFolderError
 from qwen3_tts_gguf.paths import installed_models, model_base_dir
 
+from . import logs
 from .app import create_app
 from .config import ServerConfig, engine_settings_from_args
 from .connections import uvicorn_config
 from .hosts import is_loopback
+from .lifecycle import DrainingServer
 from .registry import ModelRegistry
 
 log = logging.getLogger("api.server")
@@ -50,28 +51,34 @@ def pull_default_model(base: Path) -> Path | None:
     return out
 
 
+def model_base(args: argparse.Namespace) -> Path:
+    """--model-base, else model-base/ (or QTTS_MODEL_BASE)."""
+    return getattr(args, "model_base", None) or model_base_dir()
+
+
 def model_folders(args: argparse.Namespace) -> list[Path]:
-    """--model folders, else every model under model-base/, else the default model pulled now."""
+    """--model folders, else every model under --model-base, else the default model pulled now."""
     if args.model:
         return list(args.model)
-    found = installed_models()
+    base = model_base(args)
+    found = installed_models(base)
     if found:
         return found
-    pulled = pull_default_model(model_base_dir())
+    pulled = pull_default_model(base)
     return [pulled] if pulled else []
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Serve until interrupted; exit code 2 when no model can be loaded."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    """Serve until a signal drains and stops the server (exit code 0); 2 when no model can be loaded."""
     try:
         config = ServerConfig.from_args(args)
     except ValueError as e:  # a limit out of its domain (a bad --trusted-proxies address, ...)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NO_MODEL
+    uvicorn_logging = logs.configure(config.log_format)
     folders = model_folders(args)
     if not folders:
-        print(f"error: {how_to_get_a_model(model_base_dir())}", file=sys.stderr)
+        print(f"error: {how_to_get_a_model(model_base(args))}", file=sys.stderr)
         return EXIT_NO_MODEL
     try:
         registry = ModelRegistry.load(folders, engine_settings_from_args(args))
@@ -81,7 +88,7 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         app = create_app(config, registry)
         _announce(config, registry)
-        uvicorn.Server(uvicorn_config(app, config)).run()
+        DrainingServer(uvicorn_config(app, config, **uvicorn_logging), config.drain_timeout_s).run()
     finally:
         registry.close()
     return 0

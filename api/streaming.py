@@ -38,8 +38,9 @@ from qwen3_tts_gguf.audio_encoding import StreamingEncoder
 from qwen3_tts_gguf.request import AudioChunk
 from qwen3_tts_gguf.scheduler import Stream
 
+from . import logs
 from .errors import SERVER_ERROR, error_body, synthesis_failed, unavailable
-from .metrics import Metrics
+from .metrics import Metrics, real_time_factor
 from .schemas import Usage
 
 log = logging.getLogger("api.streaming")
@@ -178,11 +179,16 @@ class SpeechStream:
         if not self._ended:
             self._stream.cancel()
         self._encoder.close()
-        now = time.monotonic()
+        wall_s = time.monotonic() - self._received_at
         reason = self._stream.result.finish_reason if self._ended else "cancelled"
         first_audio = None if self._first_bytes_at is None else self._first_bytes_at - self._received_at
-        self._metrics.stream_finished(self.model_id, reason, self._samples / self._sample_rate,
-                                      now - self._received_at, first_audio)
+        audio_s = self._samples / self._sample_rate
+        self._metrics.stream_finished(self.model_id, reason, audio_s, wall_s, first_audio)
+        rtf = real_time_factor(reason, audio_s, wall_s)
+        logs.note_stream(model=self.model_id, finish_reason=reason, audio_s=round(audio_s, 4),
+                         frames=self._stream.result.frames if self._ended else None,
+                         ttfa_s=None if first_audio is None else round(first_audio, 4),
+                         rtf=None if rtf is None else round(rtf, 4))
         if reason in _ENDED_BADLY and self._ended:
             log.warning("stream %s of %s ended with %s: %s", self._stream.id, self.model_id, reason,
                         self._stream.result.error)

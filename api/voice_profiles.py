@@ -36,6 +36,7 @@ from qwen3_tts_gguf.voices import (VoiceExistsError, VoiceNotFoundError, VoicePr
                                    VoiceStore, validate_name)
 
 from .errors import SERVER_ERROR, APIError, error_responses, invalid_request, queue_full, unavailable
+from .lifecycle import PROCESS
 from .limits import ServerLimits
 from .registry import OPENAI_MODEL_ALIASES, ModelRegistry, ServedModel
 from .schemas import MAX_INPUT_CHARS, MAX_INSTRUCTIONS_CHARS, VoiceCreated, VoiceDeleted, voice_upload_openapi
@@ -221,6 +222,7 @@ async def create_voice(request: Request) -> dict:
             design = _design_model(state.registry)
             _check_language(design.manifest, form.language)
         audio = await form.audio.read() if form.audio is not None else None
+        PROCESS.refuse_if_draining()  # no new voice job while the server drains (running ones finish)
         try:
             profile = await voice_jobs_of(request).run(partial(_make_voice, profiles, base, design, form, audio),
                                                        request)

@@ -69,6 +69,7 @@ from starlette.types import Message
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
 from qwen3_tts_gguf.scheduler import Stream
 
+from . import logs
 from .clients import client_address, client_of, parse_networks
 from .errors import (
     RATE_LIMIT,
@@ -81,6 +82,7 @@ from .errors import (
     validation_error,
 )
 from .hosts import host_allowed, host_not_allowed, origin_allowed
+from .lifecycle import CLOSE_SERVICE_RESTART, PROCESS, draining_error
 from .limits import ServerLimits
 from .middleware import bearer_token, key_matches
 from .schemas import SpeechRequest
@@ -289,6 +291,8 @@ class Connection:
         self.client = client
         self.limits = state.config.limits
         self.session: Session | None = None
+        self._last_pump: asyncio.Task | None = None
+        """The latest session's pump (it sends that session's `done`)."""
         self._send_lock = asyncio.Lock()
         self._ended: asyncio.Future[tuple[int, str] | None] = asyncio.get_running_loop().create_future()
         """Set once nothing more goes to the client: None when it left, else the (code, reason) to
@@ -297,6 +301,11 @@ class Connection:
     @property
     def open(self) -> bool:
         return not self._ended.done()
+
+    @property
+    def busy(self) -> bool:
+        """An utterance runs or is sending its `done` (the drain lets it finish: `lifecycle.Drainable`)."""
+        return self.session is not None or (self._last_pump is not None and not self._last_pump.done())
 
     def end(self, close: tuple[int, str] | None = None) -> None:
         """Send nothing more (then close with `close`); cancel the running stream."""
@@ -433,7 +442,7 @@ class Connection:
             "instructions_ignored": plan.voice.instructions_ignored, "voice_ignored": plan.voice.voice_ignored,
             "ignored_fields": list(ignored),
         })
-        session.pump = asyncio.create_task(self._pump(session), name=f"ws-pump-{session.id[:8]}")
+        session.pump = self._last_pump = asyncio.create_task(self._pump(session), name=f"ws-pump-{session.id[:8]}")
         if self.limits.ws_idle_timeout_s or self.limits.ws_max_session_s:
             session.watchdog = asyncio.create_task(self._watch(session), name=f"ws-watch-{session.id[:8]}")
 
@@ -515,12 +524,13 @@ class Connection:
             session.encoder.close()
             if session.watchdog is not None:
                 session.watchdog.cancel()
-        self._record(session, reason)
+        done = session.done_event(reason)
+        self._record(session, reason, done)
         if self.session is session:
             self.session = None  # the next `start` is welcome from here on
         if error is not None:
             await self.send_error(error, session.id)
-        await self.send_event(session.done_event(reason))
+        await self.send_event(done)
 
     async def _send_audio(self, session: Session, data: bytes) -> None:
         if session.first_audio_at is None:
@@ -529,9 +539,10 @@ class Connection:
         if not self.open:  # the client left (or was ended) while we were sending
             session.cancel()
 
-    def _record(self, session: Session, reason: str) -> None:
-        """Metrics: streams by finish reason, audio seconds, time from first text to first audio.
-        (No real-time factor: a live stream's wall time is the writer's typing speed.)"""
+    def _record(self, session: Session, reason: str, done: dict[str, Any]) -> None:
+        """Metrics (streams by finish reason, audio seconds, time from first text to first audio) and the
+        access record, from the `done` event. (No real-time factor: a live stream's wall time is the
+        writer's typing speed.)"""
         metrics, model = self.state.metrics, session.plan.served.id
         metrics.streams.inc(model=model, reason=reason)
         if session.samples:
@@ -541,6 +552,10 @@ class Connection:
         if reason == "error":
             log.warning("websocket stream %s of %s ended with an error: %s", session.id, model,
                         session.stream.result.error if session.stream.result else "encoder failure")
+        logs.log_access(logs.access_record(
+            request_id=session.id, method="WS", route=PATH, status=101, model=model, voice=session.plan.voice.label,
+            finish_reason=reason, frames=done["usage"]["output_tokens"], audio_s=done["audio_s"],
+            ttfa_s=done["timings"]["first_audio_s"], elapsed_s=done["timings"]["elapsed_s"]))
 
     async def release(self) -> None:
         """The socket is over: cancel the running stream and wait for its pump to finish."""
@@ -559,12 +574,13 @@ class Connection:
                 raise
 
 
-async def _refuse(websocket: WebSocket, problem: APIError, code: int, timeout_s: float) -> None:
-    """An `error` event, then close with `code` (reason: the error code)."""
+async def _refuse(websocket: WebSocket, problem: APIError, code: int, timeout_s: float,
+                  reason: str | None = None) -> None:
+    """An `error` event, then close with `code` (reason: `reason`, else the error code)."""
     with contextlib.suppress(Exception):
         async with asyncio.timeout(timeout_s):
             await websocket.send_text(json.dumps(_error_event(problem)))
-            await websocket.close(code, reason=problem.code or "refused")
+            await websocket.close(code, reason=reason or problem.code or "refused")
 
 
 @router.websocket(PATH)
@@ -577,6 +593,9 @@ async def speech_socket(websocket: WebSocket) -> None:
     if problem is not None:
         await _refuse(websocket, problem, CLOSE_POLICY_VIOLATION, limits.send_timeout_s)
         return
+    if PROCESS.draining:  # reconnect: another instance answers
+        await _refuse(websocket, draining_error(), CLOSE_SERVICE_RESTART, limits.send_timeout_s, "draining")
+        return
     client = client_address(websocket.scope, parse_networks(limits.trusted_proxies))
     counts = socket_counts(websocket)
     problem = counts.admit(client, limits)
@@ -584,7 +603,9 @@ async def speech_socket(websocket: WebSocket) -> None:
         await _refuse(websocket, problem, CLOSE_TRY_AGAIN_LATER, limits.send_timeout_s)
         return
     try:
-        await Connection(websocket, state, client).run()
+        connection = Connection(websocket, state, client)
+        with PROCESS.session(connection):  # the drain waits for its utterance, then closes it
+            await connection.run()
     finally:
         counts.release(client)
 

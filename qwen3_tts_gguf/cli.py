@@ -11,7 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from .env_flags import EnvArgumentParser, env_name
 from .model_shapes import MODEL_TYPES, SHAPES
+
+SERVE_ENV_PREFIX = "QTTS_"
+"""`serve` flags read QTTS_<FLAG> from the environment (`env_flags.py`)."""
 
 
 class CliError(Exception):
@@ -345,18 +349,23 @@ def _shown(name: str, value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-class _LimitsHelp(argparse.HelpFormatter):
-    """Appends each limit flag's default, read from api.limits.ServerLimits when help is shown."""
+class _ServeHelp(argparse.HelpFormatter):
+    """Appends each flag's environment variable, and the default of a flag whose default lives in
+    api.limits.ServerLimits or api.config.ServerConfig (read from there when help is shown)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.dest in {name for name, _, _ in SERVE_LIMITS}:
+        if action.default is None:
+            from api.config import ServerConfig
             from api.limits import ServerLimits
 
-            default = getattr(ServerLimits(), action.dest)
-            if default not in (None, ()):
-                text += f" (default {_shown(action.dest, default)})"
-        return text
+            for owner in (ServerLimits(), ServerConfig()):
+                default = getattr(owner, action.dest, None)
+                if default not in (None, ()):
+                    text += f" (default {_shown(action.dest, default)})"
+                    break
+        name = env_name(action, SERVE_ENV_PREFIX)
+        return f"{text} [${name}]" if name else text
 
 
 def _add_limit_args(p: argparse.ArgumentParser) -> None:
@@ -375,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="python -m qwen3_tts_gguf",
                                      description="Qwen3-TTS-X: local streaming Qwen3-TTS.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=EnvArgumentParser)
 
     p = sub.add_parser("convert", help="convert an official Hugging Face checkpoint into a model folder")
     p.add_argument("hf_dir", type=Path, help="checkpoint folder as published (config.json, model.safetensors, ...)")
@@ -464,22 +473,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_pull)
 
     p = sub.add_parser("serve", help="OpenAI-compatible speech server with the web console",
-                       formatter_class=_LimitsHelp)
-    p.add_argument("--model", type=Path, action="append", help="model folder (repeat; default: all of model-base/)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--api-key", help="require this key (or set QTTS_API_KEY)")
+                       formatter_class=_ServeHelp, env_prefix=SERVE_ENV_PREFIX,
+                       description="Every flag also reads the environment variable QTTS_<FLAG> (--max-streams: "
+                                   "QTTS_MAX_STREAMS; repeatable flags: a comma-separated list; on/off flags: "
+                                   "1/true/yes or 0/false/no); a flag on the command line wins.")
+    p.add_argument("--model", type=Path, action="append", help="model folder (repeat; default: all of --model-base)")
+    p.add_argument("--model-base", type=Path, help="folder of converted models (default: model-base/)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument("--port", type=int, default=8100, help="port (default %(default)s)")
+    p.add_argument("--api-key", help="require this key")
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin (repeat; '*' for any)")
     p.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/)")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--max-streams", type=int, default=8)
-    p.add_argument("--max-queue", type=int, default=32, help="requests waiting for a slot before 429")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per model (default 0: all cores)")
+    p.add_argument("--max-streams", type=int, default=8,
+                   help="streams synthesised at once per model (default %(default)s)")
+    p.add_argument("--max-queue", type=int, default=32,
+                   help="requests waiting for a slot before 429 (default %(default)s)")
     p.add_argument("--max-live-waiting", type=int, default=64,
                    help="live-text streams (WebSocket) waiting for their first words, apart from --max-queue; "
                         "429 above (default 64)")
     p.add_argument("--max-buffered-audio-s", type=float, default=10.0,
                    help="seconds of audio a stream may make ahead of its reader before it is paused (default 10)")
     p.add_argument("--deterministic", action="store_true", help="F32 KV cache, flash attention off (parity)")
+    p.add_argument("--drain-timeout-s", type=_SECONDS, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, seconds streams in flight may take to finish before the server stops")
+    p.add_argument("--log-format", choices=("text", "json"), help="json: one JSON object per log line, with an "
+                                                                  "access record per request")
     _add_device_args(p)
     _add_limit_args(p)
     p.set_defaults(func=_cmd_serve)

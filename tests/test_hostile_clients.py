@@ -1046,6 +1046,11 @@ HOSTILES = (validation_barrage, sdk_hostiles, disconnects, idle_sockets, floods,
 
 
 def test_hostile_clients_get_clean_answers_while_polite_streams_match_solo(served, caplog):
+    """Four polite clients repeat their requests (each must equal its solo audio) for as long as
+    every hostile script runs beside them: bad input, disconnects, idle and trickling sockets,
+    floods, WebSocket abuse, voice-upload abuse; three stalled readers hold streams throughout.
+    No 5xx (counted by the server too), no ERROR in its log, every refusal in the envelope, and
+    nothing left afterwards."""
     s, audit = served, Audit()
     errors_before = server_errors(s)
     engine = s.registry.default.engine

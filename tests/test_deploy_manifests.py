@@ -1,0 +1,286 @@
+"""deploy/kubernetes/: each overlay renders with `kubectl kustomize`, validates offline against the
+Kubernetes schemas (kubernetes-validate, strict), and holds together: autoscaler, probes, drain,
+volumes, images and settings agree with each other and with the server. No cluster runs here."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBE = ROOT / "deploy" / "kubernetes"
+OVERLAYS = ("cpu", "nvidia")
+NAME = "qwen3-tts"
+KEDA = ("keda.sh/v1alpha1", "ScaledObject")
+PORT = 8100
+PRESTOP_S = 10
+
+
+def _kubectl() -> str:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (Debian: apt-get install kubernetes-client; .ci/run installs it)")
+    return kubectl
+
+
+def render(folder: Path) -> list[dict]:
+    """`kubectl kustomize folder`, parsed."""
+    done = subprocess.run([_kubectl(), "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"kubectl kustomize {folder} failed:\n{done.stderr}"
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {**{name: render(KUBE / "overlays" / name) for name in OVERLAYS}, "model-pull": render(KUBE / "model-pull")}
+
+
+def one(docs: list[dict], kind: str, name: str = NAME) -> dict:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def container(pod_spec: dict, name: str, init: bool = False) -> dict:
+    found = [c for c in pod_spec.get("initContainers" if init else "containers", []) if c["name"] == name]
+    assert len(found) == 1, name
+    return found[0]
+
+
+def env_of(c: dict) -> dict[str, object]:
+    """Container env: name -> value, or the valueFrom object."""
+    names = [e["name"] for e in c.get("env", [])]
+    assert len(names) == len(set(names)), f"duplicate env entries in {c['name']}: {names}"
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def quantity(text: str | int) -> float:
+    """A Kubernetes quantity (CPU or bytes) as a number."""
+    units = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    m = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(text))
+    assert m and m.group(2) in units, text
+    return float(m.group(1)) * units[m.group(2)]
+
+
+def serve_flags() -> set[str]:
+    from qwen3_tts_gguf.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return {flag for action in sub.choices["serve"]._actions for flag in action.option_strings}
+
+
+def test_overlays_validate_against_the_kubernetes_schemas(rendered):
+    import kubernetes_validate
+    from kubernetes_validate.utils import all_versions, latest_version
+
+    # the oldest and the newest schemas it ships (1.25 and 1.37 in kubernetes-validate 1.37.0)
+    versions = sorted({all_versions()[0], latest_version()})
+    kinds = set()
+    for overlay, docs in rendered.items():
+        for doc in docs:
+            kinds.add(doc["kind"])
+            if (doc["apiVersion"], doc["kind"]) == KEDA:
+                continue  # a custom resource: the schemas do not know it (checked below)
+            for version in versions:
+                try:
+                    kubernetes_validate.validate(doc, version, strict=True)
+                except Exception as e:  # noqa: BLE001 - name the object in the failure
+                    pytest.fail(f"{overlay}: {doc['kind']}/{doc['metadata']['name']} does not validate against "
+                                f"Kubernetes {version}: {e}")
+    assert {"Deployment", "Service", "PersistentVolumeClaim", "PodDisruptionBudget", "ScaledObject", "Job"} <= kinds
+    # the validator is strict, not a no-op: an unknown field fails
+    broken = one(rendered["cpu"], "Deployment")
+    broken = {**broken, "spec": {**broken["spec"], "replicaz": 3}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, versions[0], strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_deployment_probes_drain_and_volumes(rendered, overlay):
+    docs = rendered[overlay]
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    spec = pod["spec"]
+    server = container(spec, "server")
+    env = env_of(server)
+    assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+    # probes: liveness on /health, readiness on /ready, on the served port
+    port = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert port == {"http": PORT} and env["QTTS_PORT"] == str(PORT) and env["QTTS_HOST"] == "0.0.0.0"
+    for probe, path in (("livenessProbe", "/health"), ("readinessProbe", "/ready"), ("startupProbe", "/health")):
+        assert server[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+
+    # shutdown: preStop pause, then the drain, all within the grace period
+    hook = server["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[0] == "python" and f"time.sleep({PRESTOP_S})" in hook[-1]
+    drain = float(env["QTTS_DRAIN_TIMEOUT_S"])
+    assert spec["terminationGracePeriodSeconds"] >= PRESTOP_S + drain + 10
+
+    # threads follow the CPU limit; Guaranteed QoS (requests == limits)
+    assert env["QTTS_THREADS"] == {"resourceFieldRef": {"containerName": "server", "resource": "limits.cpu",
+                                                        "divisor": "1"}}
+    res = server["resources"]
+    assert res["requests"] == res["limits"]
+    assert quantity(res["limits"]["cpu"]) >= 1 and quantity(res["limits"]["memory"]) >= 3 * 2**30
+
+    # models read-only from their claim; voice profiles read-write on the shared claim
+    mounts = {m["name"]: m for m in server["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert mounts["models"].get("readOnly") is True and volumes["models"]["persistentVolumeClaim"]["readOnly"] is True
+    assert not mounts["voices"].get("readOnly")
+    assert env["QTTS_VOICES_DIR"] == mounts["voices"]["mountPath"]
+    assert env["QTTS_MODEL_BASE"] == mounts["models"]["mountPath"]
+    models = env["QTTS_MODEL"].split(",")
+    assert models and all(Path(m).parent == Path(mounts["models"]["mountPath"]) for m in models)
+    assert any("-Base-" in m for m in models), "cloned voices need a Base model"
+    claims = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolumeClaim"}
+    for name in ("models", "voices"):
+        claim = claims[volumes[name]["persistentVolumeClaim"]["claimName"]]
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"], f"{name}: every replica, any node"
+
+    # the init container waits for exactly the served models, on the same read-only mount
+    wait = container(spec, "wait-for-models", init=True)
+    assert env_of(wait)["QTTS_MODEL"] == env["QTTS_MODEL"] and wait["image"] == server["image"]
+    assert wait["volumeMounts"] == [mounts["models"]]
+
+    # every QTTS_ setting is a serve flag (--foo-bar <-> QTTS_FOO_BAR; QTTS_MODEL_BASE names the folder)
+    flags = serve_flags()
+    for key in env:
+        if key.startswith("QTTS_") and key != "QTTS_MODEL_BASE":
+            flag = "--" + key[5:].lower().replace("_", "-")
+            assert flag in flags, f"{key}: `serve` has no {flag}"
+    assert isinstance(env["QTTS_API_KEY"], dict) and env["QTTS_API_KEY"]["secretKeyRef"]["optional"] is True
+
+    # Service and PodDisruptionBudget select these pods
+    service = one(docs, "Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"] == [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]
+    assert "sessionAffinity" not in service["spec"] or service["spec"]["sessionAffinity"] == "None"
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+    # images per node kind
+    gpu = overlay == "nvidia"
+    assert server["image"] == f"qwen3-tts-x:{'cuda' if gpu else 'cpu'}"
+    assert ("nvidia.com/gpu" in res["limits"]) is gpu
+    if gpu:
+        assert res["limits"]["nvidia.com/gpu"] == "1" and env["QTTS_DEVICE"] == "cuda"
+        assert int(env["QTTS_GPU_LAYERS"]) > 0
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    else:
+        assert "QTTS_DEVICE" not in env and "QTTS_GPU_LAYERS" not in env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_autoscaler_required_fields(rendered, overlay):
+    """KEDA's ScaledObject (a custom resource the schema validator does not know): the CRD's required
+    fields (spec.scaleTargetRef.name, spec.triggers[].type and .metadata, metadata values strings),
+    the prometheus scaler's required metadata, and agreement with the Deployment and the server."""
+    docs = rendered[overlay]
+    scaled = one(docs, "ScaledObject")
+    assert (scaled["apiVersion"], scaled["kind"]) == KEDA
+    spec = scaled["spec"]
+    assert set(spec) <= {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "pollingInterval",
+                         "cooldownPeriod", "idleReplicaCount", "advanced", "fallback", "triggers"}
+    target = spec["scaleTargetRef"]
+    assert target["name"] == one(docs, "Deployment")["metadata"]["name"]
+    assert target.get("kind", "Deployment") == "Deployment" and target.get("apiVersion", "apps/v1") == "apps/v1"
+    assert 2 <= spec["minReplicaCount"] <= spec["maxReplicaCount"], "at least 2: the PDB lets one go"
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    for direction in ("scaleUp", "scaleDown"):
+        for policy in behavior[direction]["policies"]:
+            assert policy["type"] in ("Pods", "Percent") and policy["value"] > 0 and 0 < policy["periodSeconds"] <= 1800
+        assert 0 <= behavior[direction]["stabilizationWindowSeconds"] <= 3600
+
+    triggers = spec["triggers"]
+    assert len(triggers) == 1
+    trigger = triggers[0]
+    assert trigger["type"] == "prometheus" and trigger.get("metricType", "AverageValue") == "AverageValue"
+    meta = trigger["metadata"]
+    assert all(isinstance(v, str) for v in meta.values()), "KEDA trigger metadata values are strings"
+    assert {"serverAddress", "query", "threshold"} <= set(meta)
+    assert re.fullmatch(r"https?://\S+", meta["serverAddress"])
+
+    # the query reads gauges the server exports, summed over replicas
+    gauges = re.findall(r"sum\((qtts_[a-z_]+)\{", meta["query"])
+    assert sorted(gauges) == ["qtts_active_streams", "qtts_queue_depth"], meta["query"]
+    metrics_source = (ROOT / "api" / "metrics.py").read_text()
+    for gauge in gauges:
+        assert f'"{gauge}"' in metrics_source, f"/metrics has no {gauge}"
+    # aim below the slots of one replica, so requests rarely queue
+    server_env = env_of(container(one(docs, "Deployment")["spec"]["template"]["spec"], "server"))
+    threshold = float(meta["threshold"])
+    assert 0 < threshold <= int(server_env["QTTS_MAX_STREAMS"])
+
+
+def test_model_pull_job_fills_what_the_deployment_serves(rendered, tmp_path):
+    job = one(rendered["model-pull"], "Job", "qwen3-tts-pull-models")
+    spec = job["spec"]["template"]["spec"]
+    pull = container(spec, "pull")
+    env = env_of(pull)
+    server_spec = one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]
+    served = env_of(container(server_spec, "server"))["QTTS_MODEL"].split(",")
+
+    def models_claim(pod_spec: dict) -> str:
+        return next(v for v in pod_spec["volumes"] if v["name"] == "models")["persistentVolumeClaim"]["claimName"]
+
+    assert models_claim(spec) == models_claim(server_spec)
+    assert env["PULL_OUTPUT"] == next(m for m in pull["volumeMounts"] if m["name"] == "models")["mountPath"]
+    repos = env["PULL_REPOS"].split(",")
+    expected = [f"{env['PULL_OUTPUT']}/{repo.split('/')[-1]}-{env['PULL_QUANT']}" for repo in repos]
+    assert expected == served, "the Job converts into the folders the Deployment serves"
+    assert spec["securityContext"] == server_spec["securityContext"]  # files owned as the server reads them
+
+    # both scripts run: with the models in place the Job skips them and the init container returns
+    out = tmp_path / "models"
+    for repo in env["PULL_REPOS"].split(","):
+        folder = out / f"{repo.split('/')[-1]}-{env['PULL_QUANT']}"
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text("{}")
+    job_env = {**os.environ, **{k: v for k, v in env.items() if isinstance(v, str)}, "PULL_OUTPUT": str(out)}
+    done = subprocess.run([sys.executable, "-c", pull["command"][2]], env=job_env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.count("present:") == len(served), done.stderr
+    wait = container(server_spec, "wait-for-models", init=True)
+    local = ",".join(str(out / Path(m).name) for m in served)
+    done = subprocess.run([sys.executable, "-c", wait["command"][2]], env={**os.environ, "QTTS_MODEL": local},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_manifests_match_the_dockerfile(rendered):
+    """Port, volumes, user and entry point of deploy/Dockerfile's images (every flavor's final stage)."""
+    dockerfile = ROOT / "deploy" / "Dockerfile"
+    if not dockerfile.is_file():
+        pytest.skip("deploy/Dockerfile is not there yet")
+    text = dockerfile.read_text()
+    args = dict(re.findall(r"^\s*ARG\s+(\w+)=(\S+)", text, re.M))
+
+    def expand(value: str) -> str:
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), value)
+
+    spec = one(rendered["cpu"], "Deployment")["spec"]["template"]["spec"]
+    server = container(spec, "server")
+    assert "command" not in server and "args" not in server, "the image's ENTRYPOINT/CMD run `serve`"
+    assert set(re.findall(r"^\s*EXPOSE\s+(\d+)", text, re.M)) == {str(PORT)}
+    volumes = " ".join(re.findall(r"^\s*VOLUME\s+(.+)$", text, re.M))
+    for mount in server["volumeMounts"]:
+        assert f'"{mount["mountPath"]}"' in volumes, f"{mount['mountPath']} is not a VOLUME of the image"
+    users = {expand(u) for u in re.findall(r"^\s*USER\s+(\S+)", text, re.M)}
+    context = spec["securityContext"]
+    assert users == {f"{context['runAsUser']}:{context['runAsGroup']}"}, users
+    assert re.search(r'^\s*ENTRYPOINT\s+\["python", "-m", "qwen3_tts_gguf"\]', text, re.M)
+    assert re.search(r'^\s*CMD\s+\["serve"', text, re.M)
