@@ -145,3 +145,16 @@ def progress(message: str) -> None:
     import sys
 
     print(f"@progress {message}", file=sys.stderr, flush=True)
+
+
+def http_get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    """GET http://127.0.0.1:PORT/PATH: (status, body). Benchmarks only ever talk to loopback."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from .common import LANGUAGE, ROOT, SAMPLE_RATE, SPEAKER, TEXT, TEXT_MODE, Meter, median, wait_for_quiet
+from .common import LANGUAGE, ROOT, SAMPLE_RATE, SPEAKER, TEXT, TEXT_MODE, Meter, http_get, median, wait_for_quiet
 
 
 def _free_port() -> int:
@@ -26,14 +26,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def _speech(port: int, body: dict) -> tuple[float | None, float, int]:
@@ -75,8 +67,8 @@ def run(model_dir: str, threads: int, frames: int, reps: int, quiet_s: float = 0
                 raise RuntimeError(f"server exited with {server.returncode}: "
                                    f"{server.stderr.read().decode(errors='replace')[-800:]}")
             try:
-                if _get(port, "/ready")[0] == 200:
-                    status, data = _get(port, "/v1/models")
+                if http_get(port, "/ready")[0] == 200:
+                    status, data = http_get(port, "/v1/models")
                     if status == 200:
                         model_id = json.loads(data)["data"][0]["id"]
                         break

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -38,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from .common import OUT, ROOT, Meter
+from .common import OUT, ROOT, Meter, http_get
 from .soak_clients import (
     ERROR_OUTCOMES,
     FINDING_OUTCOMES,
@@ -111,14 +109,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 class ServerFailed(RuntimeError):
@@ -155,7 +145,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise ServerFailed(f"the server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                status, data = get(self.port, "/ready", 5)
+                status, data = http_get(self.port, "/ready", 5)
                 if status == 200:
                     return json.loads(data)
             except OSError:
@@ -218,7 +208,7 @@ class Sampler(threading.Thread):
     def sample(self) -> dict:
         s = {"t_s": round(time.monotonic() - self.t0, 2), "phase": self.phase, **proc_status(self.server.pid)}
         try:
-            status, data = get(self.server.port, "/ready", 10)
+            status, data = http_get(self.server.port, "/ready", 10)
             if status == 200:
                 models = json.loads(data)["models"]
                 s["active"] = sum(m.get("active", 0) for m in models)
@@ -413,8 +403,8 @@ def run(args) -> dict:
                               "p50_s": percentile(base_times, 50), "p95_s": percentile(base_times, 95),
                               "times_s": base_times, "loadavg": machine.loadavg()}
         time.sleep(1.0)
-        idle_before = {"ready": json.loads(get(port, "/ready")[1]),
-                       "metrics": parse_metrics(get(port, "/metrics")[1].decode()), "proc": proc_status(server.pid)}
+        idle_before = {"ready": json.loads(http_get(port, "/ready")[1]),
+                       "metrics": parse_metrics(http_get(port, "/metrics")[1].decode()), "proc": proc_status(server.pid)}
 
         sampler.phase = "load"
         rec = Recorder()
@@ -431,8 +421,8 @@ def run(args) -> dict:
         sampler.phase = "settle"
         settle = wait_idle(port, result["slots"], args.settle)
         time.sleep(2.0)  # let the last closes land before the end figures
-        idle_after = {"ready": json.loads(get(port, "/ready")[1]),
-                      "metrics": parse_metrics(get(port, "/metrics")[1].decode()), "proc": proc_status(server.pid)}
+        idle_after = {"ready": json.loads(http_get(port, "/ready")[1]),
+                      "metrics": parse_metrics(http_get(port, "/metrics")[1].decode()), "proc": proc_status(server.pid)}
         sampler.sample()
         result["settle"] = settle
         result["recorder"] = {"counts": {k: dict(v) for k, v in sorted(rec.counts.items())},
@@ -467,7 +457,7 @@ def wait_idle(port: int, slots: dict, limit_s: float) -> dict:
     last = None
     while True:
         try:
-            status, data = get(port, "/ready", 10)
+            status, data = http_get(port, "/ready", 10)
             last = json.loads(data) if status == 200 else {"status": status}
             if status == 200 and all(m.get("active") == 0 and m.get("waiting") == 0
                                      and m.get("free_slots") == slots.get(m["id"]) for m in last["models"]):
