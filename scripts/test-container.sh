@@ -196,6 +196,8 @@ if ! run_err="$(timeout 120 podman "${RT[@]}" run -d --name "$NAME" "${ULIMITS[@
     -e QTTS_PORT="$PORT" "$IMAGE" serve --host 127.0.0.1 --port "$PORT" >/dev/null
 fi
 info "network: $NETWORK"
+said="$(echo "${run_err:-}" | grep -vE '^[0-9a-f]{64}$' || true)"
+[ -z "$said" ] || info "podman run said: $(echo "$said" | tr '\n' ' ' | cut -c1-300)"
 
 cat > "$WORK/check.py" <<'PYEOF'
 """The checks against the running container (host side: the OpenAI SDK, httpx, soundfile, av)."""
@@ -351,7 +353,7 @@ code = subprocess.run(["podman", "inspect", name, "--format", "{{.State.ExitCode
                       capture_output=True, text=True).stdout.strip()
 result["exit_code"] = code
 complete = stream["error"] is None and stream["bytes"] > 0 and stream["bytes"] % 3840 == 0
-info(f"podman stop took {result['stop_s']:.1f} s, exit code {code}{' (' + stop.stderr.strip()[:120] + ')' if stop.stderr.strip() else ''}")
+info(f"podman stop took {result['stop_s']:.1f} s, exit code {code}{' (' + stop.stderr.strip()[:300] + ')' if stop.stderr.strip() else ''}")
 info(f"during the stop: /ready -> {during.get('ready')}, a new speech request -> {during.get('speech')}")
 info(f"stream in flight: {stream['bytes']} bytes ({stream['bytes'] / 2 / 24000:.2f} s of audio), "
      f"{'ended cleanly' if complete else 'CUT: ' + str(stream['error'])}")
