@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -68,9 +69,17 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     return ServerLimits(**given)
 
 
-def engine_settings_from_args(args: argparse.Namespace) -> EngineSettings:
+def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool = True) -> EngineSettings:
     """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
-    --max-buffered-audio-s, --deterministic)."""
+    --max-buffered-audio-s, --deterministic, --gpu-layers, --device). The device settings are checked
+    against this installation (`qwen3_tts_gguf.devices`): ValueError (DeviceError) when GPU layers are
+    asked of a llama.cpp without a GPU backend or device, or --device names a provider not installed;
+    the resolved plan is logged."""
+    gpu_layers, device = getattr(args, "gpu_layers", 0) or 0, getattr(args, "device", None) or "cpu"
+    if check_devices:
+        from qwen3_tts_gguf.devices import check_device_settings
+
+        logging.getLogger("api.server").info("devices: %s", check_device_settings(gpu_layers, device))
     return EngineSettings(threads=args.threads, max_streams=args.max_streams, max_pending=args.max_queue,
                           max_pending_live=args.max_live_waiting, max_buffered_audio_s=args.max_buffered_audio_s,
-                          deterministic=args.deterministic)
+                          deterministic=args.deterministic, gpu_layers=gpu_layers, device=device)

@@ -15,6 +15,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from .lifecycle import PROCESS
+from qwen3_tts_gguf import devices
+
 from .registry import ModelRegistry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -137,6 +139,7 @@ class Metrics:
                 ("qtts_websocket_sessions", "Open WebSocket sessions (sockets).", websocket_sessions),
                 ("qtts_draining", "1 while the server drains before it stops, else 0.", int(draining))):
             lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge", f"{name} {value}"]
+        lines += devices.prometheus_lines()  # how long work waited for a GPU device (none on CPU)
         return "\n".join(lines) + "\n"
 
 

@@ -191,6 +191,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .audio_encoding import AudioFileWriter
+    from .devices import DeviceError, check_device_settings
     from .manifest import ModelFolderError
     from .model import EngineSettings, LoadedModel
     from .prompt import PromptError, VoiceSpec
@@ -199,6 +200,10 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
     profile = _find_profile(args.voice, args.voices_dir, args.model)
     folder = args.model or (model_for_profile(profile) if profile else resolve_model_dir(None))
+    try:
+        print(check_device_settings(args.gpu_layers, args.device), file=sys.stderr)
+    except DeviceError as e:
+        raise CliError(str(e)) from e
     try:
         model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
                                                    gpu_layers=args.gpu_layers))
@@ -295,10 +300,32 @@ def _add_cp_precision(p: argparse.ArgumentParser) -> None:
 
 
 def _add_device_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="ONNX Runtime provider for the code predictor and codec (cuda needs onnxruntime-gpu)")
-    p.add_argument("--gpu-layers", type=int, default=0,
-                   help="talker layers to offload (llama-cpp-python built with CUDA or Vulkan)")
+    from .devices import ONNX_DEVICES, parse_gpu_layers
+
+    p.add_argument("--device", choices=ONNX_DEVICES, default="cpu",
+                   help="ONNX Runtime execution provider for the code predictor and codec, among those installed "
+                        "(cuda needs onnxruntime-gpu, webgpu the onnxruntime-ep-webgpu plugin); auto: the best "
+                        "installed, named at start (default cpu; `doctor` lists them)")
+    p.add_argument("--gpu-layers", type=parse_gpu_layers, default=0, metavar="N|all",
+                   help="talker layers to offload to the GPU, or all (a llama-cpp-python built with Vulkan or "
+                        "CUDA: README, GPU backends); refused at start on a build without one (default 0)")
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from .devices import report
+
+    r = report(args.gpu_layers, args.device)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps(asdict(r), indent=2))
+    else:
+        from .devices import format_report
+
+        print(format_report(r))
+    return 1 if r.problems else 0
 
 
 def _number(kind, minimum):
@@ -471,6 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="parent folder (default: model-base/)")
     p.add_argument("--force", action="store_true", help="replace an existing converted model")
     p.set_defaults(func=_cmd_pull)
+
+    p = sub.add_parser("doctor", help="llama.cpp backends, ONNX Runtime providers, devices, and what serve would use")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    _add_device_args(p)
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("serve", help="OpenAI-compatible speech server with the web console",
                        formatter_class=_ServeHelp, env_prefix=SERVE_ENV_PREFIX,

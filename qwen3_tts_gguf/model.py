@@ -20,8 +20,8 @@ class EngineSettings:
     max_streams: int = 8
     n_ctx: int = 8192  # KV cells shared by all streams
     deterministic: bool = False
-    device: str = "cpu"  # ONNX Runtime: cpu | cuda | auto
-    gpu_layers: int = 0  # llama.cpp layers to offload (CUDA/Vulkan builds)
+    device: str = "cpu"  # ONNX Runtime device for code predictor and codec: devices.ONNX_DEVICES (cpu, auto, cuda, ...)
+    gpu_layers: int = 0  # llama.cpp talker layers to offload (Vulkan/CUDA builds); -1: all (devices.GPU_LAYERS_ALL)
     chunk_frames: tuple[int, ...] = (1, 2, 4, 8)  # first audio after 1 frame, then growing chunks
     budget_base_frames: int = 75  # runaway protection: a stream never exceeds
     budget_frames_per_token: int = 12  #   base + per_token * text tokens frames

@@ -74,7 +74,7 @@ class TalkerSettings:
     cached_prefixes: int = 0  # extra sequences that hold cached prompt prefixes (shared KV cache only)
     n_batch: int = 512
     threads: int = 0  # 0: all cores
-    gpu_layers: int = 0  # >0 offloads layers on a CUDA/Vulkan build of llama-cpp-python
+    gpu_layers: int = 0  # >0 offloads layers on a CUDA/Vulkan build of llama-cpp-python; -1: all (devices.py)
     deterministic: bool = False
     repack: bool = False  # llama.cpp's extra buffer types (weight repacking); see `repack_pays`
 
@@ -101,6 +101,17 @@ class Talker:
         quiet_llama_logs()
         self._L = L
         self.settings = settings
+        if settings.gpu_layers:
+            from .devices import DeviceError, check_gpu_layers
+
+            try:  # llama.cpp itself would put every layer on the CPU without a word
+                check_gpu_layers(settings.gpu_layers)
+            except DeviceError as e:
+                raise TalkerError(str(e)) from e
+        from .devices import talker_device_locks
+
+        # one lock per GPU device for every model in the process (devices.DeviceLock); none on the CPU
+        self._device_locks = talker_device_locks(settings.gpu_layers)
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = settings.gpu_layers
         mp.use_extra_bufts = settings.repack  # off by default: the AMX/q8_0 crash, see the module docstring
@@ -119,6 +130,9 @@ class Talker:
         threads = settings.threads or (os.cpu_count() or 1)
         cp.n_threads = cp.n_threads_batch = threads
         cp.embeddings = True
+        # no GPU layers asked: the talker stays on the CPU even on a GPU build (llama.cpp would otherwise
+        # move large batches' matmuls to the GPU by itself)
+        cp.op_offload = bool(settings.gpu_layers)
         cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE
         if settings.deterministic:
             cp.type_k = cp.type_v = L.GGML_TYPE_F32
@@ -178,6 +192,15 @@ class Talker:
         return np.stack(out_l), np.stack(out_h)
 
     def _run(self, n: int, pending, logits: np.ndarray, hidden: np.ndarray) -> None:
+        if self._device_locks:
+            from .devices import hold_devices
+
+            with hold_devices(self._device_locks):  # decode and the read-back (which waits for the device)
+                self._run_unlocked(n, pending, logits, hidden)
+        else:
+            self._run_unlocked(n, pending, logits, hidden)
+
+    def _run_unlocked(self, n: int, pending, logits: np.ndarray, hidden: np.ndarray) -> None:
         L = self._L
         self._batch.n_tokens = n
         rc = L.llama_decode(self._ctx, self._batch)
