@@ -238,7 +238,7 @@ class Engine:
 
     def _new_stream(self, request: SynthesisRequest, text, loop) -> Stream:
         backlog = int(self.settings.max_buffered_audio_s * self.model.sample_rate)
-        return Stream(request, text, loop, on_cancel=self._notify, max_backlog_samples=backlog)
+        return Stream(request, text, loop, wake=self._notify, max_backlog_samples=backlog)
 
     def _check_request(self, request: SynthesisRequest) -> None:
         health = self.health()
@@ -361,7 +361,7 @@ class Engine:
                 self.stats["paused"] += 1
             return False
         act.stream.paused = False
-        return act.text.row(act.segment_frames) is not None
+        return act.text.has_row(act.segment_frames)  # (the row itself is projected once, when it steps)
 
     def _runnable(self) -> bool:
         if any(s.cancelled for s in self._waiting_text):
@@ -400,13 +400,16 @@ class Engine:
     def _died(self, reason: str) -> None:
         with self._wake:
             self._failure = reason
-            for act in list(self._active.values()):
-                self._finish(act, "error", error="the engine failed; retry", flush=False, retryable=True)
-            for stream in [*self._waiting, *self._waiting_text]:
-                self._end_unstarted(stream, "error", "the engine failed before this request started; retry",
-                                    retryable=True)
-            self._waiting.clear()
-            self._waiting_text.clear()
+            self._end_all("error", "the engine failed; retry", retryable=True)
+
+    def _end_all(self, reason: str, error: str | None = None, retryable: bool = False) -> None:
+        """End every running and waiting stream (the worker is stopping or died)."""
+        for act in list(self._active.values()):
+            self._finish(act, reason, error=error, flush=False, retryable=retryable)
+        for stream in [*self._waiting, *self._waiting_text]:
+            self._end_unstarted(stream, reason, error, retryable=retryable)
+        self._waiting.clear()
+        self._waiting_text.clear()
 
     def _reset_state(self) -> None:
         """After a failure: every KV cell, slot, cached prefix and decoder state forgotten."""
@@ -445,12 +448,7 @@ class Engine:
                         self._finish(act, "error", error="the engine failed while serving this stream; retry",
                                      flush=False, retryable=True)
                     self._reset_state()
-        for act in list(self._active.values()):
-            self._finish(act, "cancelled", flush=False)
-        for stream in [*self._waiting, *self._waiting_text]:
-            self._end_unstarted(stream, "cancelled")
-        self._waiting.clear()
-        self._waiting_text.clear()
+        self._end_all("cancelled")
 
     def _frame_limit(self, act: _Active) -> tuple[int, str]:
         """Frames the current segment may make, and the finish reason when it hits that."""

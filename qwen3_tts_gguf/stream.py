@@ -31,9 +31,9 @@ class Stream:
     _ids = itertools.count(1)
 
     def __init__(self, request: SynthesisRequest, text: TextSource, loop: asyncio.AbstractEventLoop | None,
-                 on_cancel: Callable[[], None] | None = None, max_backlog_samples: int | None = None):
+                 wake: Callable[[], None] | None = None, max_backlog_samples: int | None = None):
         self.id = next(self._ids)
-        self._on_cancel = on_cancel
+        self._wake = wake  # tells the engine something changed (a cancel, a reader catching up)
         self.request = request
         self.text = text
         self.result: SynthesisResult | None = None
@@ -94,8 +94,8 @@ class Stream:
     def _taken(self, event) -> None:
         if isinstance(event, AudioChunk):
             self._samples_taken += len(event.samples)
-            if self.paused and not self.backlogged() and self._on_cancel is not None:
-                self._on_cancel()  # wakes the engine (the same notify as a cancel)
+            if self.paused and not self.backlogged() and self._wake is not None:
+                self._wake()
 
     # -- producer side (engine thread) ------------------------------------------------------
     def _put(self, event: AudioChunk | SynthesisResult) -> None:
@@ -122,8 +122,8 @@ class Stream:
     def cancel(self) -> None:
         """Stop this stream at the next engine iteration and free its slot (or its queue place)."""
         self._cancel.set()
-        if self._on_cancel is not None:
-            self._on_cancel()
+        if self._wake is not None:
+            self._wake()
 
     @property
     def cancelled(self) -> bool:

@@ -61,6 +61,9 @@ class FixedText:
         p = self.prompt
         return p.trailing[step] if step < len(p.trailing) else p.pad_row
 
+    def has_row(self, step: int) -> bool:
+        return True
+
     def segment_tokens(self) -> int:
         return self._tokens[self.segment]
 
@@ -141,6 +144,11 @@ class FedText:
         """Text part of decode step `step`; None = that text has not arrived yet."""
         ids, closed = self._text()
         return self._text_row(len(self._codec_rows) + step, ids, closed)
+
+    def has_row(self, step: int) -> bool:
+        """Whether `row(step)` is there, without projecting it."""
+        ids, closed = self._text()
+        return closed or len(self._codec_rows) + step < len(ids)
 
     def segment_tokens(self) -> int:
         return max(len(self.feed.snapshot()[0]), 1)
