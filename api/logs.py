@@ -5,7 +5,7 @@ json: every log record is one JSON object on one line (`time`, `level`, `logger`
 uvicorn's access lines give way to one access record per HTTP request and per WebSocket utterance
 (logger `api.access`, fields `ACCESS_FIELDS`), all written by `log_access`. HTTP records come from
 `AccessLog`; the speech route adds what its stream did (`note_stream`, from `SpeechStream.close`);
-WebSocket utterances are recorded by `websocket.Connection._record`.
+Socket utterances are recorded by `utterance.record`.
 """
 
 from __future__ import annotations
