@@ -5,9 +5,8 @@
 #   scripts/build-wheelhouse.sh            # reuse the cached portable llama-cpp-python wheel
 #   scripts/build-wheelhouse.sh --rebuild  # build that wheel again (~7-10 min on 2 cores)
 #
-# llama-cpp-python has no wheel on PyPI: it is compiled here once, PORTABLE (CMAKE_ARGS
-# -DGGML_NATIVE=OFF: AVX2/FMA/F16C, no AVX-512/AMX), into .cache/llama-portable/, and reused from
-# there. A wheel from a plain `pip install` on this machine is built with -march=native and only runs
+# llama-cpp-python has no wheel on PyPI: scripts/build-llama.sh compiles it here once, PORTABLE
+# (-DGGML_NATIVE=OFF: AVX2/FMA/F16C, no AVX-512/AMX), into .cache/llama-portable/, reused from there. A wheel from a plain `pip install` on this machine is built with -march=native and only runs
 # on CPUs like this one: it is never used for the image (pip's own wheel cache is bypassed).
 # The wheels are for this machine's Python (cp311 on the development machines), which is the Python
 # of python:3.11-slim-bookworm and of Debian 12's python3. Pip's configuration (index, certificates)
@@ -31,22 +30,9 @@ pyver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1
 say "python $pyver ($PY); llama-cpp-python $LLAMA_VERSION"
 [ "$pyver" = 3.11 ] || say "warning: the image's Python must be $pyver too (python:3.11-slim-bookworm and Debian 12 have 3.11)"
 
-# 1. the portable llama-cpp-python wheel, built once
-mkdir -p "$CACHE"
-llama_wheel="$(ls "$CACHE"/llama_cpp_python-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -1 || true)"
-if [ "$rebuild" = 1 ] || [ -z "$llama_wheel" ]; then
-  rm -f "$CACHE"/llama_cpp_python-*.whl
-  say "building llama-cpp-python $LLAMA_VERSION from source, portable (-DGGML_NATIVE=OFF): ~7-10 min on 2 cores"
-  t0=$(date +%s)
-  CMAKE_ARGS="-DGGML_NATIVE=OFF ${LLAMA_EXTRA_CMAKE_ARGS:-}" \
-  CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-    "$PY" -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
-      "llama-cpp-python==$LLAMA_VERSION" -w "$CACHE"
-  llama_wheel="$(ls "$CACHE"/llama_cpp_python-"$LLAMA_VERSION"-*.whl | head -1)"
-  say "built $(basename "$llama_wheel") in $(( $(date +%s) - t0 )) s"
-else
-  say "reusing $llama_wheel (--rebuild to build it again)"
-fi
+# 1. the portable llama-cpp-python wheel, built once (scripts/build-llama.sh: the one recipe)
+[ "$rebuild" = 1 ] && rm -rf "$CACHE"
+llama_wheel="$(PYTHON="$PY" scripts/build-llama.sh cpu "$CACHE")"
 
 # portability check: no AVX-512 (zmm registers) in the CPU backend of the wheel
 if command -v objdump >/dev/null; then

@@ -284,3 +284,19 @@ def test_manifests_match_the_dockerfile(rendered):
     assert users == {f"{context['runAsUser']}:{context['runAsGroup']}"}, users
     assert re.search(r'^\s*ENTRYPOINT\s+\["python", "-m", "qwen3_tts_gguf"\]', text, re.M)
     assert re.search(r'^\s*CMD\s+\["serve"', text, re.M)
+
+
+def test_every_llama_build_is_the_one_recipe():
+    """The images and the host's builds compile llama.cpp with scripts/build-llama.sh only, so the
+    image recipes cannot drift from the host's (the images are not built in CI)."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert "CMAKE_ARGS" not in dockerfile, "llama.cpp is built by scripts/build-llama.sh, not by a pip line"
+    for backend in ("cpu", "cuda", "vulkan"):
+        assert re.search(rf"build-llama\.sh {backend} ", dockerfile), f"the {backend} build stage"
+    assert "!scripts/build-llama.sh" in (ROOT / ".dockerignore").read_text().splitlines()
+    for script in ("build-vulkan.sh", "build-wheelhouse.sh"):
+        text = (ROOT / "scripts" / script).read_text()
+        assert "scripts/build-llama.sh" in text and "CMAKE_ARGS=" not in text, script
+    usage = subprocess.run(["bash", str(ROOT / "scripts" / "build-llama.sh"), "metal", "/tmp/x"],
+                           capture_output=True, text=True, timeout=30)
+    assert usage.returncode == 2 and "cpu|vulkan|cuda" in usage.stderr
