@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -12,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from qwen3_tts_gguf import __version__
-
+from qwen3_tts_gguf.cpus import usable_cpus
 from qwen3_tts_gguf.voices import VoiceStore
 
 from . import catalog, headers, health, metrics, speech, websocket
@@ -52,7 +51,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.encoder_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) + 2),
+        state.encoder_pool = ThreadPoolExecutor(max_workers=min(8, usable_cpus() + 2),
                                                 thread_name_prefix="qtts-encode")
         app.state.voice_jobs = voice_jobs = VoiceJobs(limits.voice_workers, limits.voice_queue)
         registry.start()

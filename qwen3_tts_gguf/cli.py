@@ -516,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="require this key")
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin (repeat; '*' for any)")
     p.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads per model (default 0: all cores)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per model (default 0: the CPUs this process may use: affinity mask and cgroup CPU quota)")
     p.add_argument("--max-streams", type=int, default=8,
                    help="streams synthesised at once per model (default %(default)s)")
     p.add_argument("--max-queue", type=int, default=32,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cpus import default_threads
 from .manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFolderError, load_manifest
 from .manifest import TEXT_TABLES_FILE as TEXT_TABLES
 from .prompt import PromptBuilder
@@ -43,7 +43,7 @@ class LoadedModel:
 
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
-        threads = settings.threads or (os.cpu_count() or 1)
+        threads = default_threads(settings.threads)
         try:
             self.tokenizer = TextTokenizer(self.folder, self.manifest.tokenizer["pretokenizer"])
             self.tables = EmbeddingTables(self.folder / TEXT_TABLES)

@@ -15,13 +15,13 @@ under Linux), registered with `register_execution_provider_library` and chosen t
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnxruntime as ort
 
+from .cpus import default_threads
 from .devices import ONNX_DEVICES
 
 DEVICE_PROVIDERS: dict[str, str] = {
@@ -146,10 +146,10 @@ def resolve_providers(device: str = "cpu") -> list[str]:
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
-    """Full graph optimisation, `threads` intra-op threads (default: all cores), no spinning."""
+    """Full graph optimisation, `threads` intra-op threads (default: the usable CPUs), no spinning."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
+    opts.intra_op_num_threads = default_threads(threads)
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     # idle ORT threads must not spin: llama.cpp runs right after on the same cores (measured: talker

@@ -14,12 +14,12 @@ to have no AMX and for a quant whose repacked kernels measured faster.
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .cpus import default_threads
 _LOG_CALLBACK = None  # llama.cpp keeps a raw pointer: the ctypes callback must stay alive
 
 # Talker quants whose repacked CPU kernels are faster (0.6B, 2 AVX-512 cores, ms per decode:
@@ -127,7 +127,7 @@ class Talker:
         # one pool of cells for all streams (needed for sequence copies), except in the deterministic
         # profile, where each stream gets n_ctx / max_streams cells of its own
         cp.kv_unified = not settings.deterministic
-        threads = settings.threads or (os.cpu_count() or 1)
+        threads = default_threads(settings.threads)
         cp.n_threads = cp.n_threads_batch = threads
         cp.embeddings = True
         # no GPU layers asked: the talker stays on the CPU even on a GPU build (llama.cpp would otherwise

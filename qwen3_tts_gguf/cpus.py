@@ -1,0 +1,92 @@
+"""How many CPUs this process may actually use: the one default for every runtime's thread count.
+
+`os.cpu_count()` counts the machine's CPUs, not this process's: in a container limited to 2 CPUs on a
+64-core node it says 64, and llama.cpp's and ONNX Runtime's threads, which wait for each other at every
+step, then collapse under the quota's throttling. The usable count is the smallest of:
+
+- the CPUs in this process's affinity mask (`taskset`, `--cpuset-cpus`, Kubernetes' static CPU manager);
+- the cgroup CPU quota, rounded up (cgroup v2 `cpu.max`, or v1 `cpu.cfs_quota_us / cpu.cfs_period_us`:
+  `docker run --cpus`, a Kubernetes CPU limit), read from this process's own cgroup.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_cgroup_dirs(root: Path, proc_cgroup: Path) -> list[Path]:
+    """The cgroup folders whose limits apply to this process, innermost first (v2, then v1 `cpu`)."""
+    dirs: list[Path] = []
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.lstrip("/")
+        if controllers == "":  # v2 unified hierarchy
+            base = root
+        elif "cpu" in controllers.split(","):
+            base = next((root / name for name in (controllers, "cpu,cpuacct", "cpu") if (root / name).is_dir()), root)
+        else:
+            continue
+        # a limit on any ancestor applies too (inside a container the path may be "/" itself)
+        current = base / rel
+        while True:
+            dirs.append(current)
+            if current == base or current.parent == current:
+                break
+            current = current.parent
+    if not dirs:
+        dirs.append(root)
+    return dirs
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The tightest CPU quota on this process's cgroups, in CPUs (e.g. 1.5); None when there is none."""
+    limits: list[float] = []
+    for folder in _own_cgroup_dirs(root, proc_cgroup):
+        try:
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+            if quota != "max" and int(period) > 0:
+                limits.append(int(quota) / int(period))
+            continue
+        except (OSError, ValueError):
+            pass
+        try:
+            quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+            period_us = int((folder / "cpu.cfs_period_us").read_text())
+            if quota_us > 0 and period_us > 0:
+                limits.append(quota_us / period_us)
+        except (OSError, ValueError):
+            pass
+    return min(limits) if limits else None
+
+
+def affinity_cpus() -> int:
+    """CPUs in this process's affinity mask (all CPUs where the platform has no such mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: affinity, then the cgroup quota rounded up; at least 1."""
+    count = affinity_cpus()
+    quota = cgroup_cpu_limit()
+    if quota is not None:
+        count = min(count, max(1, math.ceil(quota - 1e-9)))
+    return max(1, count)
+
+
+def default_threads(threads: int | None = 0) -> int:
+    """`threads` when set (> 0), else `usable_cpus()`: the default of every runtime's thread count."""
+    return threads if threads and threads > 0 else usable_cpus()

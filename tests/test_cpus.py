@@ -1,0 +1,71 @@
+"""Default thread counts follow the CPUs this process may use: affinity and the cgroup CPU quota."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwen3_tts_gguf import cpus
+
+
+def _tree(tmp_path: Path, files: dict[str, str], proc: str) -> tuple[Path, Path]:
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    proc_file = tmp_path / "proc-self-cgroup"
+    proc_file.write_text(proc)
+    return root, proc_file
+
+
+def test_cgroup_v2_quota_of_the_process_and_its_ancestors(tmp_path):
+    root, proc = _tree(tmp_path, {
+        "kubepods/pod1/cpu.max": "max 100000\n",
+        "kubepods/pod1/ctr/cpu.max": "150000 100000\n",
+        "kubepods/cpu.max": "400000 100000\n",
+    }, "0::/kubepods/pod1/ctr\n")
+    assert cpus.cgroup_cpu_limit(root, proc) == pytest.approx(1.5)
+
+
+def test_cgroup_v1_quota(tmp_path):
+    root, proc = _tree(tmp_path, {
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+        "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    }, "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n")
+    assert cpus.cgroup_cpu_limit(root, proc) == pytest.approx(2.0)
+
+
+def test_no_quota_and_unreadable_files(tmp_path):
+    root, proc = _tree(tmp_path, {"cpu.max": "max 100000\n", "a/cpu.max": "garbage\n"}, "0::/a\n")
+    assert cpus.cgroup_cpu_limit(root, proc) is None
+    assert cpus.cgroup_cpu_limit(tmp_path / "missing", tmp_path / "missing-proc") is None
+
+
+def test_usable_cpus_rounds_the_quota_up_and_keeps_the_affinity(monkeypatch):
+    monkeypatch.setattr(cpus, "affinity_cpus", lambda: 8)
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 1.5)
+    assert cpus.usable_cpus() == 2
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 0.2)
+    assert cpus.usable_cpus() == 1
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 32.0)
+    assert cpus.usable_cpus() == 8
+    assert cpus.default_threads(3) == 3 and cpus.default_threads(0) == 8 and cpus.default_threads(None) == 8
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity masks on this platform")
+def test_affinity_mask_limits_the_default_threads_of_every_runtime():
+    """A process pinned to one CPU (taskset) defaults to one thread in llama.cpp's and ORT's settings."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from qwen3_tts_gguf.cpus import default_threads; "
+            "from qwen3_tts_gguf.onnx_session import session_options; "
+            "print(default_threads(0), session_options().intra_op_num_threads)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1"]
