@@ -9,7 +9,14 @@ and the listener stays open while it lasts:
 - work in flight finishes: HTTP requests (counted by `TrackRequests`) and busy socket sessions
   (registered with `Lifecycle.session`) are waited for, up to the drain timeout;
 - then every open session is closed with 1012 and a reason (what still runs at the deadline is
-  cancelled), and uvicorn stops as usual (listener, connections, the app's lifespan): exit code 0.
+  cancelled);
+- and the bytes already written reach their clients: a response is over for the app once its last
+  chunk is in the socket's buffers, but a slow reader may still have megabytes of it in this
+  process's transport and the kernel's send queue, and a container's network goes when its process
+  ends (those bytes would be lost, the stream cut). So the drain also waits, within the same
+  deadline, until every connection's buffers are empty (`OutboundBytes`: the transport's buffer plus
+  the kernel's unacknowledged send queue, `SIOCOUTQ`);
+- then uvicorn stops as usual (listener, connections, the app's lifespan): exit code 0.
 A second signal ends the process at once, with exit code 128 + the signal number.
 
 Signals are process-wide, and so is the drain state: `PROCESS`. A later socket protocol drains by
@@ -22,7 +29,8 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol
@@ -31,6 +39,14 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import APIError, unavailable
+
+try:  # the kernel's send queue of a socket (Linux: SIOCOUTQ == TIOCOUTQ)
+    import fcntl
+    import termios
+    _OUTQ = termios.TIOCOUTQ
+except (ImportError, AttributeError):  # pragma: no cover - not Linux
+    fcntl = None
+    _OUTQ = None
 
 log = logging.getLogger("api.lifecycle")
 
@@ -87,9 +103,9 @@ class Lifecycle:
     def busy(self) -> bool:
         return self.requests > 0 or any(s.busy for s in self.sessions)
 
-    async def drain(self, timeout_s: float) -> None:
+    async def drain(self, timeout_s: float, unsent: Callable[[], int] = lambda: 0) -> None:
         """Wait up to `timeout_s` for the work in flight, then close every session and wait (briefly)
-        for them to go."""
+        for them to go, and (within `timeout_s`) for the `unsent` bytes to reach their clients."""
         self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -103,7 +119,58 @@ class Lifecycle:
         closing = loop.time() + CLOSE_WAIT_S
         while self.sessions and loop.time() < closing:
             await asyncio.sleep(POLL_S)
+        while (left := unsent()) and loop.time() < deadline:
+            await asyncio.sleep(POLL_S)
+        if left:
+            log.warning("drain timeout (%g s): %d bytes not yet taken by their clients", timeout_s, left)
         log.info("drained: stopping")
+
+
+class OutboundBytes:
+    """The bytes written to the server's connections that their clients have not acknowledged yet.
+
+    `watch` takes a duplicate of each connection's socket when the drain starts: uvicorn closes a
+    socket once its own buffer is in the kernel (a finished `Connection: close` response, say), and
+    the kernel's send queue of a socket nobody holds is invisible (and, in a container, lost with the
+    process). Through the duplicate it stays measurable (`SIOCOUTQ`, Linux; elsewhere only the
+    transports' buffers count). `close` lets the sockets go.
+    """
+
+    def __init__(self, connections: Iterable[object]):
+        self._connections = connections
+        self._fds: list[int] = []
+
+    def watch(self) -> None:
+        for protocol in list(self._connections):
+            sock = _socket_of(protocol)
+            if sock is not None and _OUTQ is not None:
+                try:
+                    self._fds.append(os.dup(sock.fileno()))
+                except OSError:  # closed meanwhile
+                    pass
+
+    def __call__(self) -> int:
+        total = 0
+        for protocol in list(self._connections):
+            transport = getattr(protocol, "transport", None)
+            if transport is not None:
+                total += transport.get_write_buffer_size()
+        for fd in self._fds:
+            try:
+                total += struct.unpack("i", fcntl.ioctl(fd, _OUTQ, b"\0\0\0\0"))[0]
+            except OSError:
+                pass
+        return total
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def _socket_of(protocol: object):
+    transport = getattr(protocol, "transport", None)
+    return None if transport is None else transport.get_extra_info("socket")
 
 
 PROCESS = Lifecycle()
@@ -146,10 +213,18 @@ class DrainingServer(uvicorn.Server):
         else:
             self.lifecycle.draining = True  # /ready and new work see it at once; on_tick starts the drain
 
+    async def _drain_then_release(self) -> None:
+        outbound = OutboundBytes(self.server_state.connections)
+        outbound.watch()
+        try:
+            await self.lifecycle.drain(self.drain_timeout_s, outbound)
+        finally:
+            outbound.close()
+
     async def on_tick(self, counter: int) -> bool:
         if self.lifecycle.draining and self._drain is None:
             log.info("draining: new work is refused, work in flight has up to %g s", self.drain_timeout_s)
-            self._drain = asyncio.create_task(self.lifecycle.drain(self.drain_timeout_s), name="qtts-drain")
+            self._drain = asyncio.create_task(self._drain_then_release(), name="qtts-drain")
         if self._drain is not None and self._drain.done():
             self.should_exit = True
         return await super().on_tick(counter)

@@ -135,3 +135,42 @@ def test_a_second_signal_exits_at_once(serve):
         wait_until(lambda: server.ready_status() == 503, "the drain to begin")
         server.signal(signal.SIGTERM)
         assert server.wait_exit(TIMEOUT_S) == 128 + signal.SIGTERM, server.log()
+
+
+def test_the_process_waits_for_a_slow_reader_to_take_the_bytes_already_written(serve):
+    """A response the app has finished may still sit in this process's and the kernel's buffers while
+    its client reads slowly; a container's network goes with its process, so the process must not end
+    before those bytes have left (here: before the client's small receive buffer holds the rest)."""
+    import socket
+    import threading
+    import time
+
+    body = json.dumps({**SPEECH, "max_frames": 96}).encode()
+    with serve("--drain-timeout-s", "120") as server, socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)  # before connect: a small window
+        sock.settimeout(TIMEOUT_S)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        received, read_at_exit = [0], []
+
+        def watch_exit() -> None:
+            while server.proc.poll() is None:
+                time.sleep(0.01)
+            read_at_exit.append(received[0])
+
+        first = sock.recv(4096)
+        received[0] += len(first)
+        server.signal(signal.SIGTERM)
+        watcher = threading.Thread(target=watch_exit, daemon=True)
+        watcher.start()
+        while data := sock.recv(2048):  # ~80 KB/s: the ~370 KB body takes seconds after the engine is done
+            received[0] += len(data)
+            time.sleep(0.025)
+        watcher.join(TIMEOUT_S)
+        assert server.wait_exit(TIMEOUT_S) == 0, server.log()
+    assert b" 200 OK" in first.split(b"\r\n", 1)[0]
+    total = received[0]
+    assert total > SPEECH["max_frames"] * 2 * 1920 * 2  # the whole body came (96 frames of s16 pcm)
+    # at exit, what was left fits the client's own buffers (rcvbuf + in flight), nothing in the server's
+    assert read_at_exit and read_at_exit[0] >= total - 96 * 1024, (read_at_exit, total)
