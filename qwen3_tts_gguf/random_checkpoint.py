@@ -2,13 +2,16 @@
 
 It speaks noise, but it lets anyone try the whole path offline (convert, synth, serve) and gives
 the benchmarks real-shape models. The talker is saved in BF16 and the codec in F32, like the
-published repos. Without `tokenizer_dir` a byte-level vocabulary is written (every byte one
-token, filler entries up to the special ids), so any text tokenizes.
+published repos. A Base checkpoint also gets the voice-cloning encoders (the speaker encoder in
+`model.safetensors`, the speech tokenizer's `encoder.*` in the codec file). Without `tokenizer_dir`
+a byte-level vocabulary is written (every byte one token, filler entries up to the special ids),
+so any text tokenizes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -54,13 +57,19 @@ def _random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) 
         return (0.1 * rng.standard_normal(shape)).astype(np.float32)
     if leaf == "cluster_usage":
         return rng.uniform(0.5, 2.0, shape).astype(np.float32)
+    if leaf == "initialized":  # the encoder codebooks' flag: trained, not to be re-initialised
+        return np.ones(shape, np.float32)
+    if leaf == "embed_sum":  # the encoder codebooks (embed = embed_sum / cluster_usage)
+        return rng.standard_normal(shape, dtype=np.float32)
     if leaf == "bias":
         return (0.05 * rng.standard_normal(shape)).astype(np.float32)
     if len(shape) == 1:
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if "embedding" in name:
         return rng.standard_normal(shape, dtype=np.float32)
-    transposed = ".block.1.conv" in name or (name.startswith("decoder.upsample") and ".0.conv." in name)
+    # the codec decoder's ConvTranspose weights (the encoder's `.block.1.conv` is a plain Conv1d)
+    transposed = name.startswith("decoder.") and (".block.1.conv" in name or
+                                                  (name.startswith("decoder.upsample") and ".0.conv." in name))
     fan_in = shape[0] if transposed else int(np.prod(shape[1:]))  # ConvTranspose is [in, out, k]
     scale = 4.0 if ("codec_head" in name or "lm_head" in name) else 1.0
     return (rng.standard_normal(shape, dtype=np.float32) * (scale / np.sqrt(fan_in))).astype(np.float32)
@@ -105,6 +114,9 @@ def make_random_checkpoint(out_dir: str | Path, shape: str = "tiny", model_type:
         codec = {name: _random_tensor(name, shp, rng)
                  for name, shp in expected_codec_decoder_shapes(cfg.codec).items()}
         _calibrate_codec(codec, cfg.codec, rng)
+        if model_type == "base":  # the codec encoder (wav -> codes) of in-context voice clones
+            codec.update({name: _random_tensor(name, shp, rng) for name, shp in
+                          codec_encoder_shapes(configs["speech_tokenizer/config.json"]).items()})
         write_safetensors(tmp / "speech_tokenizer" / "model.safetensors", codec)
         tmp.rename(out_dir)
     except BaseException:
@@ -148,3 +160,67 @@ def _speaker_encoder_tensors(sc: dict, rng: np.random.Generator) -> dict:
         tensors[f"{name}.weight"] = ("BF16", _to_bf16(_random_tensor(f"{name}.weight", shp, rng)))
         tensors[f"{name}.bias"] = ("BF16", _to_bf16(_random_tensor(f"{name}.bias", (shp[0],), rng)))
     return tensors
+
+
+def codec_encoder_shapes(codec_config: dict) -> dict[str, tuple[int, ...]]:
+    """Every `encoder.*` tensor of the speech tokenizer (transformers' Mimi encoder, as qwen-tts
+    saves it), from speech_tokenizer/config.json's encoder_config with the defaults the converter
+    assumes (`codec_encoder_graph.DEFAULTS`)."""
+    from .convert.codec_encoder_graph import DEFAULTS
+
+    c = {**DEFAULTS, **codec_config["encoder_config"]}
+    s: dict[str, tuple[int, ...]] = {}
+
+    def conv(name: str, c_out: int, c_in: int, k: int, bias: bool = True) -> None:
+        s[f"{name}.conv.weight"] = (c_out, c_in, k)
+        if bias:
+            s[f"{name}.conv.bias"] = (c_out,)
+
+    # SEANet: conv, then per ratio (residual blocks, ELU, strided conv), ELU, conv
+    nf, idx = int(c["num_filters"]), 0
+    conv(f"encoder.encoder.layers.{idx}", nf, int(c["audio_channels"]), int(c["kernel_size"]))
+    idx += 1
+    width = nf
+    for ratio in reversed(c["upsampling_ratios"]):
+        for _ in range(int(c["num_residual_layers"])):
+            p = f"encoder.encoder.layers.{idx}"
+            conv(f"{p}.block.1", width // int(c["compress"]), width, int(c["residual_kernel_size"]))
+            conv(f"{p}.block.3", width, width // int(c["compress"]), 1)
+            if c["use_conv_shortcut"]:
+                conv(f"{p}.shortcut", width, width, 1)
+            idx += 1
+        idx += 1  # ELU
+        conv(f"encoder.encoder.layers.{idx}", 2 * width, width, 2 * int(ratio))
+        width *= 2
+        idx += 1
+    idx += 1  # ELU
+    hs = int(c["hidden_size"])
+    conv(f"encoder.encoder.layers.{idx}", hs, width, int(c["last_kernel_size"]))
+
+    heads, kv = int(c["num_attention_heads"]), int(c["num_key_value_heads"])
+    hd = int(c["head_dim"] or hs // heads)
+    for i in range(int(c["num_hidden_layers"])):
+        p = f"encoder.encoder_transformer.layers.{i}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            s[f"{p}.{norm}.weight"] = s[f"{p}.{norm}.bias"] = (hs,)
+        s[f"{p}.self_attn.q_proj.weight"] = (heads * hd, hs)
+        s[f"{p}.self_attn.k_proj.weight"] = s[f"{p}.self_attn.v_proj.weight"] = (kv * hd, hs)
+        s[f"{p}.self_attn.o_proj.weight"] = (hs, heads * hd)
+        s[f"{p}.mlp.fc1.weight"] = (int(c["intermediate_size"]), hs)
+        s[f"{p}.mlp.fc2.weight"] = (hs, int(c["intermediate_size"]))
+        s[f"{p}.self_attn_layer_scale.scale"] = s[f"{p}.mlp_layer_scale.scale"] = (hs,)
+
+    frames_per_second = math.ceil(int(c["sampling_rate"]) / math.prod(int(r) for r in c["upsampling_ratios"]))
+    conv("encoder.downsample", hs, hs, 2 * int(frames_per_second / float(c["frame_rate"])), bias=False)
+
+    vq, semantic = int(c["vector_quantization_hidden_dimension"]), int(c["num_semantic_quantizers"])
+    for part, n in (("semantic", semantic), ("acoustic", int(c["num_quantizers"]) - semantic)):
+        p = f"encoder.quantizer.{part}_residual_vector_quantizer"
+        if vq != hs:  # Mimi projects only when the widths differ
+            s[f"{p}.input_proj.weight"], s[f"{p}.output_proj.weight"] = (vq, hs, 1), (hs, vq, 1)
+        for k in range(n):
+            q = f"{p}.layers.{k}.codebook"
+            s[f"{q}.initialized"] = (1,)
+            s[f"{q}.cluster_usage"] = (int(c["codebook_size"]),)
+            s[f"{q}.embed_sum"] = (int(c["codebook_size"]), int(c["codebook_dim"]))
+    return s

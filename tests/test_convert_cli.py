@@ -210,6 +210,42 @@ def test_make_random_real_shape_layout_matches_the_official_names(tmp_path):
     assert ckpt.codec_weights.dtype_of("decoder.pre_conv.conv.weight") == "F32"
 
 
+def test_make_random_base_converts_and_clones_a_voice(tmp_path):
+    """A numpy-only Base checkpoint has the voice encoders: convert (self-check on), then clone a voice."""
+    from qwen3_tts_gguf.voice_clone import VoiceCloner
+
+    ckpt = _cli("make-random", tmp_path / "rnd", "--shape", "tiny", "--type", "base")
+    assert "wrote a random tiny base checkpoint" in ckpt.stdout
+    codec = Checkpoint.open(tmp_path / "rnd").codec_weights
+    assert codec.dtype_of("encoder.encoder.layers.0.conv.weight") == "F32"
+    convert = _cli("convert", tmp_path / "rnd", "-o", tmp_path / "model", "--quant", "f32")
+    assert "converted" in convert.stdout
+    manifest = load_manifest(tmp_path / "model", verify_hashes=True)
+    assert manifest.model_type == "base" and manifest.source["self_check"]["talker_logits_rel_rms"] < 1e-4
+
+    cloner = VoiceCloner(tmp_path / "model", threads=1)
+    t = np.arange(int(1.5 * 24000)) / 24000  # a 1.5 s gliding, tremolo tone with a little noise
+    wav = 0.3 * np.sin(2 * np.pi * (150 + 40 * np.sin(2 * np.pi * 3 * t)) * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))
+    wav = (wav + 0.02 * np.random.default_rng(0).standard_normal(t.size)).astype(np.float32)
+    xvec, codes = cloner.extract((wav, 24000), trailing_silence=0.5)
+    assert xvec.shape == (64,) and xvec.dtype == np.float32 and np.isfinite(xvec).all() and np.abs(xvec).max() > 0
+    assert codes.shape == (-(-(wav.size + 12000) // 1920), 16) and codes.dtype == np.int64
+    assert codes.min() >= 0 and codes.max() < 2048
+    assert all(len(set(codes[:-6, k])) > 1 for k in range(16))  # the clip's frames are not all one code
+    profile = cloner.create_profile("randvoice", (wav, 24000), ref_text="Hello there.")
+    assert profile.mode == "icl" and np.array_equal(profile.ref_codes, codes)
+
+
+def test_make_random_base_layout_is_the_official_one(checkpoint_factory, tmp_path):
+    """Every tensor name and shape of make-random's Base checkpoint (speaker and codec encoders
+    included) is what the official qwen-tts classes save for the same config."""
+    official = checkpoint_factory("tiny_base")
+    mine = make_random_checkpoint(tmp_path / "base", "tiny", "base", seed=1)
+    for rel in ("model.safetensors", "speech_tokenizer/model.safetensors"):
+        a, b = SafetensorsFile(mine / rel), SafetensorsFile(official / rel)
+        assert {k: a.shape_of(k) for k in a} == {k: b.shape_of(k) for k in b}, rel
+
+
 def test_cli_errors_are_one_line_with_exit_code(tmp_path):
     r = _cli("convert", tmp_path / "nothing", "-o", tmp_path / "out", check=False)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
