@@ -15,6 +15,8 @@ from qwen3_tts_gguf.cpus import usable_cpus
 from qwen3_tts_gguf.voices import VoiceStore
 
 from . import catalog, headers, health, metrics, speech, websocket
+from . import capabilities as capabilities_module
+from . import realtime as realtime_module
 from . import voice_profiles as voice_profiles_module
 from .clients import ClientLimiter
 from .config import ServerConfig
@@ -30,7 +32,9 @@ from .voices import NoVoiceProfiles, VoiceProfiles
 
 # Feature routers, in order.
 ROUTERS: tuple[APIRouter, ...] = (speech.router, websocket.router, catalog.router, voice_profiles_module.router,
-                                  health.router, metrics.router)
+                                  realtime_module.router,
+                                  health.router, metrics.router,
+                                  capabilities_module.router)
 
 
 def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles: VoiceProfiles | None = None,

@@ -40,12 +40,14 @@ class ServerConfig:
     """On SIGTERM/SIGINT, how long streams in flight may take to finish (`api/lifecycle.py`)."""
     log_format: Literal["text", "json"] = "text"
     """"text", or "json": one object per log line and an access record per request (`api/logs.py`)."""
+    usage_log: Path | None = None
+    """A file that gets one JSON line per finished stream, every route (`api/usage.py`); None = none."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
         """From the `serve` arguments (a flag left out keeps its default); QTTS_API_KEY stands in for a
         missing --api-key."""
-        given = {name: getattr(args, name) for name in ("drain_timeout_s", "log_format")
+        given = {name: getattr(args, name) for name in ("drain_timeout_s", "log_format", "usage_log")
                  if getattr(args, name, None) is not None}
         return cls(
             host=args.host,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MiB = 1024 * 1024
+MAX_RESUME_WINDOW_S = 600.0
+"""The longest `resume_window_s`: a lost stream holds its engine slot while it waits."""
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,24 @@ class ServerLimits:
     """Open WebSockets in all."""
     max_sockets_per_client: int = 8
     """Open WebSockets of one client."""
+    resume_window_s: float = 30.0
+    """How long a resumable `/v1/ws` stream whose socket was lost waits, paused, for its `resume`
+    before it is cancelled (0 to `MAX_RESUME_WINDOW_S`; 0 = streams are never resumable)."""
+    max_detached_streams: int = 16
+    """Resumable streams waiting for their `resume` at once, in all (each keeps its client's speech
+    place and its engine slot); a stream whose socket is lost past this is cancelled at once."""
     # -- voice work ---------------------------------------------------------------------------
     voice_workers: int = 1
     """Threads that clone and design voices (apart from the speech path)."""
     voice_queue: int = 2
     """Voice jobs waiting for a worker before 429."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.resume_window_s <= MAX_RESUME_WINDOW_S:
+            raise ValueError(f"resume_window_s must be 0 to {MAX_RESUME_WINDOW_S:g} seconds, "
+                             f"got {self.resume_window_s}")
+        if self.max_detached_streams < 0:
+            raise ValueError(f"max_detached_streams must be at least 0, got {self.max_detached_streams}")
 
     def requests_per_client(self, slots: int) -> int:
         """The per-client cap for a model with `slots` stream slots."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StringConstraints, field_validator
 from pydantic_core import PydanticCustomError
 
 from qwen3_tts_gguf.audio_encoding import MAX_SPEED, MIN_SPEED
@@ -81,6 +81,10 @@ class SpeechRequest(BaseModel):
     top_p: StrictFloat | None = Field(None, ge=0, le=1, description="0 keeps the most likely token only")
     repetition_penalty: StrictFloat | None = Field(None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     max_frames: StrictInt | None = Field(None, ge=1, le=MAX_FRAMES, description="cap on codec frames (80 ms each)")
+    text_normalization: Literal["off", "auto"] = Field(
+        "off", description="'auto': numbers, dates, URLs ... spoken as words before tokenizing (zh, en, ja; "
+                           "docs/protocols.md); 'off': the text as written (the official behaviour)")
+    progress: StrictBool = Field(False, description="text-progress events (SSE `speech.progress`; docs/protocols.md)")
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -122,9 +126,21 @@ class ErrorResponse(BaseModel):
 
 
 class Usage(BaseModel):
+    """What one stream used (`api/usage.py`): OpenAI's token counts, then characters, audio and timing."""
+
     input_tokens: int
     output_tokens: int
     total_tokens: int
+    characters: int = Field(description="characters of the raw text")
+    normalized_characters: int | None = Field(
+        description="characters after text normalization; null when the text was not normalized")
+    audio_seconds: float = Field(description="seconds of audio made and sent (at speed 1)")
+    frames: int = Field(description="codec frames made (= output_tokens; 12.5 a second)")
+    first_audio_s: float | None = Field(
+        description="seconds from the request's arrival to the first audio sent; null without audio")
+
+
+_COUNT = {"type": "integer", "minimum": 0}
 
 
 def _event(kind: str, **fields: dict) -> dict:
@@ -137,12 +153,18 @@ _ERROR_OBJECT = {"type": "object", "required": ["message", "type", "param", "cod
 SPEECH_SSE_EVENT = {"oneOf": [
     _event("speech.audio.delta", audio={"type": "string", "contentEncoding": "base64",
                                         "description": "the next bytes of the audio file"}),
-    _event("speech.audio.done", usage={"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
-                                       "properties": {k: {"type": "integer", "minimum": 0} for k in
-                                                      ("input_tokens", "output_tokens", "total_tokens")}}),
+    _event("speech.audio.done", usage={"type": "object", "required": list(Usage.model_fields), "properties": {
+        **{k: {"type": "integer", "minimum": 0} for k in ("input_tokens", "output_tokens", "total_tokens",
+                                                           "characters", "frames")},
+        "normalized_characters": {"type": ["integer", "null"], "minimum": 0},
+        "audio_seconds": {"type": "number", "minimum": 0},
+        "first_audio_s": {"type": ["number", "null"], "minimum": 0}}}),
+    _event("speech.progress", audio_end_s={"type": "number", "minimum": 0},
+           text_fed_end=_COUNT, spoken_end_estimate=_COUNT, basis={"enum": ["frames_per_token", "final"]}),
     _event("error", error=_ERROR_OBJECT),
 ]}
-"""One SSE event's JSON (its `data:` line) on the speech route: deltas, then `done`, or an `error` last."""
+"""One SSE event's JSON (its `data:` line) on the speech route: deltas (each followed by `speech.progress`
+when asked: `api/progress.py`), then `done`, or an `error` last."""
 
 
 def speech_sse_openapi() -> dict:

@@ -18,6 +18,7 @@ from .connections import uvicorn_config
 from .hosts import is_loopback
 from .lifecycle import DrainingServer
 from .registry import ModelRegistry
+from .usage import UsageLog
 
 log = logging.getLogger("api.server")
 
@@ -75,6 +76,12 @@ def run_server(args: argparse.Namespace) -> int:
     except ValueError as e:  # a limit out of its domain (a bad --trusted-proxies address, ...)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NO_MODEL
+    if config.usage_log is not None:  # fail now, not at the first finished stream
+        try:
+            UsageLog(config.usage_log).check()
+        except OSError as e:
+            print(f"error: --usage-log {config.usage_log}: {e}", file=sys.stderr)
+            return EXIT_NO_MODEL
     uvicorn_logging = logs.configure(config.log_format)
     folders = model_folders(args)
     if not folders:

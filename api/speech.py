@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request, Response
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
 
 from .clients import client_of
+from .config import ServerConfig
 from .errors import error_responses
 from .schemas import SpeechRequest, speech_sse_openapi
 from .state import get_state
@@ -19,10 +20,12 @@ from .streaming import (
     OffloadedEncoder,
     SpeechResponse,
     SpeechStream,
+    UsageAccounting,
     audio_body,
     sse_body,
 )
 from .synthesis import plan_speech, start_stream
+from .usage import key_id, usage_log
 from .voice_profiles import model_for_voice
 
 log = logging.getLogger("api.speech")
@@ -65,7 +68,9 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         encoder.close()
         raise
     speech = SpeechStream(plan.served.id, stream, OffloadedEncoder(encoder, state.encoder_pool),
-                          plan.served.model.sample_rate, state.metrics, received_at)
+                          plan.served.model.sample_rate, state.metrics, received_at, characters=len(body.input),
+                          accounting=_accounting(request, state.config, body, plan.voice.label),
+                          progress=body.progress and body.stream_format == "sse", speed=body.speed)
     try:  # until the response owns the stream, any failure here must release it
         if not await speech.wait_for_audio(request.receive):
             return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -77,3 +82,13 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     except BaseException:
         speech.close()
         raise
+
+
+def _accounting(request: Request, config: ServerConfig, body: SpeechRequest, voice: str) -> UsageAccounting | None:
+    """The usage-log line's names for this request (None without `--usage-log`)."""
+    writer = usage_log(config.usage_log)
+    if writer is None:
+        return None
+    route = getattr(request.scope.get("route"), "path", None) or request.url.path
+    return UsageAccounting(writer, getattr(request.state, "request_id", None), route, body.stream_format,
+                           body.response_format, voice, key_id(config.api_key))

@@ -9,7 +9,8 @@ Lifecycle of one speech response:
    request's one StreamingEncoder, in a worker thread so the event loop never encodes, and yields
    bytes as soon as the encoder has any.
 3. `SpeechResponse` releases the stream whatever happens. A client that disconnects cancels the
-   engine stream (the engine frees the slot at its next iteration); the encoder is closed.
+   engine stream (the engine frees the slot at its next iteration); the encoder is closed. The
+   release also writes the stream's usage-log line (`--usage-log`, `api/usage.py`), every outcome.
 
 Errors after audio bytes have left: in audio mode the body raises `SynthesisAborted`, so uvicorn
 drops the connection without the terminating chunk and a cut-off file never looks whole; in SSE
@@ -29,6 +30,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 
 import numpy as np
 from starlette.responses import StreamingResponse
@@ -41,7 +43,10 @@ from qwen3_tts_gguf.scheduler import Stream
 from . import logs
 from .errors import SERVER_ERROR, error_body, synthesis_failed, unavailable
 from .metrics import Metrics, real_time_factor
+from .progress import chunk_progress, final_progress
 from .schemas import Usage
+from .usage import UsageLog
+from .usage import usage as usage_fields
 
 log = logging.getLogger("api.streaming")
 
@@ -92,12 +97,38 @@ class OffloadedEncoder:
         return await asyncio.wrap_future(self._last)
 
 
+@dataclass(frozen=True)
+class UsageAccounting:
+    """Where a speech response's usage goes when it finishes: the usage log, with the request's names."""
+
+    log: UsageLog
+    request_id: str | None
+    route: str
+    stream_format: str
+    response_format: str
+    voice: str | None
+    key_id: str | None = None
+
+    def write(self, model: str, finish_reason: str, usage: dict) -> None:
+        self.log.record(request_id=self.request_id, route=self.route, stream_format=self.stream_format,
+                        response_format=self.response_format, model=model, voice=self.voice, key_id=self.key_id,
+                        finish_reason=finish_reason, usage=usage)
+
+
 class SpeechStream:
     """One admitted request on its way out: engine stream -> encoder -> bytes, with bookkeeping."""
 
     def __init__(self, model_id: str, stream: Stream, encoder: OffloadedEncoder, sample_rate: int,
-                 metrics: Metrics, received_at: float):
+                 metrics: Metrics, received_at: float, *, characters: int = 0,
+                 accounting: UsageAccounting | None = None, progress: bool = False, speed: float = 1.0):
         self.model_id = model_id
+        self.progress = progress
+        """The client asked for text-progress events (SSE only: `api/progress.py`)."""
+        self.speed = speed
+        self._last_chunk: AudioChunk | None = None  # the chunk of the piece just yielded (None: the tail)
+        self.characters = characters
+        """Characters of the request's raw text (usage)."""
+        self._accounting = accounting
         self._stream = stream
         self._events = stream.__aiter__()
         self._encoder = encoder
@@ -107,14 +138,20 @@ class SpeechStream:
         self._first: AudioChunk | None = None
         self._first_bytes_at: float | None = None
         self._samples = 0
+        self._frames = 0  # frames of the chunks taken (usage while the result is unknown)
         self._ended = False  # the engine delivered the stream's result
         self._closed = False
 
     def usage(self) -> Usage:
-        """OpenAI usage: text tokens in, codec frames out."""
-        result = self._stream.result
-        return Usage(input_tokens=result.text_tokens, output_tokens=result.frames,
-                     total_tokens=result.text_tokens + result.frames)
+        """OpenAI usage (text tokens in, codec frames out) and the rest of `api/usage.py`'s fields."""
+        return Usage(**self.usage_fields())
+
+    def usage_fields(self) -> dict:
+        """The usage object (`api/usage.py`); first audio from the request's arrival."""
+        first_audio = None if self._first_bytes_at is None else self._first_bytes_at - self._received_at
+        return usage_fields(self._stream.result or self._stream.result_sent, characters=self.characters,
+                            samples=self._samples, sample_rate=self._sample_rate, first_audio_s=first_audio,
+                            frames_taken=self._frames)
 
     async def wait_for_audio(self, receive: Receive) -> bool:
         """Wait for the first chunk (or the end); False when the client left first.
@@ -157,8 +194,10 @@ class SpeechStream:
             chunk, self._first = self._first, None
             while chunk is not None:
                 self._samples += len(chunk.samples)
+                self._frames += chunk.n_frames
                 data = await self._encoder.encode(chunk.samples)
                 if data:
+                    self._last_chunk = chunk
                     yield self._sending(data)
                 chunk = await self._next()
             result = self._stream.result
@@ -167,9 +206,22 @@ class SpeechStream:
                                        + (f": {result.error}" if result.error else ""))
             tail = await self._encoder.finish()
             if tail:
+                self._last_chunk = None
                 yield self._sending(tail)
         finally:
             self.close()
+
+    def progress_after_piece(self) -> dict | None:
+        """The progress event's fields for the audio sent up to the piece just yielded (asked and known)."""
+        if not self.progress:
+            return None
+        return chunk_progress(self._last_chunk, self._samples / self._sample_rate, self.speed)
+
+    def final_progress(self) -> dict | None:
+        """The last progress event's fields (basis "final"), when asked for."""
+        if not self.progress:
+            return None
+        return final_progress(self._stream.result, self._samples / self._sample_rate, self.speed)
 
     def close(self) -> None:
         """Release everything (idempotent): cancel the engine stream unless it ended, close the encoder."""
@@ -192,6 +244,8 @@ class SpeechStream:
         if reason in _ENDED_BADLY and self._ended:
             log.warning("stream %s of %s ended with %s: %s", self._stream.id, self.model_id, reason,
                         self._stream.result.error)
+        if self._accounting is not None:
+            self._accounting.write(self.model_id, reason, self.usage_fields())
 
     def _sending(self, data: bytes) -> bytes:
         if self._first_bytes_at is None:
@@ -223,9 +277,13 @@ async def sse_body(speech: SpeechStream) -> AsyncIterator[bytes]:
     try:
         async for piece in speech.audio_pieces():
             yield _sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode("ascii")})
+            if (progress := speech.progress_after_piece()) is not None:
+                yield _sse_event({"type": "speech.progress", **progress})
     except SynthesisAborted as e:
         yield _sse_event({"type": "error", **error_body(str(e), SERVER_ERROR, None, "synthesis_failed")})
         return
+    if (progress := speech.final_progress()) is not None:
+        yield _sse_event({"type": "speech.progress", **progress})
     yield _sse_event({"type": "speech.audio.done", "usage": speech.usage().model_dump()})
 
 

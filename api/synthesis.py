@@ -81,7 +81,8 @@ def plan_speech(body: SpeechRequest, served: ServedModel, profiles: VoiceProfile
     voice = resolve_voice(manifest, body.voice_id, body.instructions, body.language, profiles)
     talker, predictor = sampling_for(body, manifest.sampling)
     request = SynthesisRequest(text=body.input, voice=voice.spec, text_mode=body.text_mode, talker=talker,
-                               code_predictor=predictor, seed=body.seed, max_frames=body.max_frames)
+                               code_predictor=predictor, seed=body.seed, max_frames=body.max_frames,
+                               text_normalization=body.text_normalization)
     return SpeechPlan(served, request, voice, body.ignored_fields)
 
 

@@ -9,7 +9,12 @@ the events around it.
 
 Limits on live text (`api/limits.py`): `ws_max_session_chars` (`check_text`), `ws_idle_timeout_s` and
 `ws_max_session_s` (`watch`: a session without non-blank text for this long, or this old, is stopped
-as if `stop` had come — cancelled when it never got any text — and its `limit` says which).
+as if `stop` had come — cancelled when it never got any text — and its `limit` says which). While an
+utterance is `detached` (a resumable `/v1/ws` stream whose socket was lost, `api/resume.py`) the idle
+timeout does not run; `restart_watch` restarts it when the utterance is detached or re-attached.
+
+`Utterance.usage()` is the usage object of every socket protocol (`api/usage.py`); `record` also
+writes the usage-log line (`--usage-log`).
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ from . import logs
 from .clients import client_of
 from .errors import APIError, invalid_request, synthesis_failed
 from .limits import ServerLimits
+from .progress import chunk_progress, final_progress
 from .state import AppState
 from .streaming import OffloadedEncoder
 from .synthesis import SpeechPlan, start_stream
+from .usage import key_id, usage_log
+from .usage import usage as usage_fields
 
 log = logging.getLogger("api.utterance")
 
@@ -58,6 +66,8 @@ class Utterance:
     first_text_at: float | None = None
     first_audio_at: float | None = None
     samples: int = 0
+    frames: int = 0
+    """Codec frames of the chunks taken (usage while the engine's result is not known yet)."""
     stopped: bool = False
     cancelled: bool = False
     limit: str | None = None
@@ -65,6 +75,13 @@ class Utterance:
     last_text_at: float = 0.0
     pump: asyncio.Task | None = None
     watchdog: asyncio.Task | None = None
+    detached: bool = False
+    """Its socket was lost and it waits, paused, for a `resume` (`api/resume.py`): no idle timeout."""
+    resume: Any = None
+    """The `api/resume.Resumable` of a resumable `/v1/ws` stream (None: ends with its socket)."""
+    speed: float = 1.0
+    progress: bool = False
+    """The client asked for text-progress events (`api/progress.py`)."""
 
     @property
     def sample_rate(self) -> int:
@@ -108,6 +125,23 @@ class Utterance:
         if not self.cancelled:
             self.cancelled = True
             self.stream.cancel()
+            if self.resume is not None:
+                self.resume.on_cancel()  # no resume any more; wakes a pump waiting for one
+
+    @property
+    def characters(self) -> int:
+        """Characters of raw text taken: the deltas of a live utterance, else the whole text."""
+        return self.chars if self.live else len(self.plan.request.text)
+
+    def progress_after(self, chunk: AudioChunk | None) -> dict[str, Any] | None:
+        """Progress-event fields for the audio sent up to the end of `chunk`, when asked for and known."""
+        return chunk_progress(chunk, self.samples / self.sample_rate, self.speed) if self.progress else None
+
+    def final_progress(self) -> dict[str, Any] | None:
+        """The last progress event's fields (basis "final"), when asked for."""
+        if not self.progress:
+            return None
+        return final_progress(self.stream.result, self.samples / self.sample_rate, self.speed)
 
     def first_audio_s(self) -> float | None:
         """From the first text to the first audio sent."""
@@ -116,10 +150,11 @@ class Utterance:
         return round(self.first_audio_at - self.first_text_at, 4)
 
     def usage(self) -> dict[str, Any]:
-        """Token counts in OpenAI's names (text tokens in, codec frames out)."""
-        result = self.stream.result
-        text_tokens, frames = (result.text_tokens, result.frames) if result else (0, 0)
-        return {"input_tokens": text_tokens, "output_tokens": frames, "total_tokens": text_tokens + frames}
+        """The usage object (`api/usage.py`): token counts in OpenAI's names (text tokens in, codec
+        frames out), characters, audio seconds, frames, first audio (from the first text)."""
+        return usage_fields(self.stream.result or self.stream.result_sent, characters=self.characters,
+                            samples=self.samples, sample_rate=self.sample_rate, first_audio_s=self.first_audio_s(),
+                            frames_taken=self.frames)
 
     def timings(self) -> dict[str, float | None]:
         timings = self.stream.result.timings if self.stream.result else {}
@@ -143,9 +178,10 @@ class Ending:
 
 
 async def open_utterance(websocket: WebSocket, state: AppState, plan: SpeechPlan, response_format: str,
-                         speed: float, *, live: bool) -> Utterance:
+                         speed: float, *, live: bool, progress: bool = False) -> Utterance:
     """Start `plan` on its engine (`live`: text comes later by `push`) with an encoder for
-    `response_format`; the socket's client holds one of its speech places until the stream ends."""
+    `response_format`; the socket's client holds one of its speech places until the stream ends.
+    `progress`: the protocol sends text-progress events."""
     encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed)
     live_request = replace(plan.request, text="", text_mode="streaming") if live else None
     try:
@@ -156,7 +192,8 @@ async def open_utterance(websocket: WebSocket, state: AppState, plan: SpeechPlan
     now = time.monotonic()
     return Utterance(id=uuid.uuid4().hex, plan=plan, stream=stream,
                      encoder=OffloadedEncoder(encoder, state.encoder_pool), response_format=response_format,
-                     started_at=now, live=live, last_text_at=now, first_text_at=None if live else now)
+                     started_at=now, live=live, last_text_at=now, first_text_at=None if live else now,
+                     speed=speed, progress=progress)
 
 
 async def pump(utterance: Utterance, deliver: Callable[[bytes, AudioChunk | None], Awaitable[None]]) -> Ending:
@@ -167,6 +204,7 @@ async def pump(utterance: Utterance, deliver: Callable[[bytes, AudioChunk | None
             if utterance.cancelled:
                 continue  # drain to the result without sending what the client no longer wants
             utterance.samples += len(chunk.samples)
+            utterance.frames += chunk.n_frames
             data = await utterance.encoder.encode(chunk.samples)
             if data:
                 await _deliver(utterance, deliver, data, chunk)
@@ -203,7 +241,7 @@ async def watch(utterance: Utterance, limits: ServerLimits) -> None:
     not hold its engine slot): as `stop` does, or as `cancel` when it got no text to speak."""
     idle, longest = limits.ws_idle_timeout_s, limits.ws_max_session_s
     while not utterance.closed:
-        idle_at = utterance.last_text_at + idle if idle else math.inf
+        idle_at = utterance.last_text_at + idle if idle and not utterance.detached else math.inf
         end_at = utterance.started_at + longest if longest else math.inf
         wait = min(idle_at, end_at) - time.monotonic()
         if wait > 0:
@@ -221,6 +259,16 @@ def start_watch(utterance: Utterance, limits: ServerLimits) -> None:
     """Run `watch` beside a live utterance when a limit is set."""
     if utterance.live and (limits.ws_idle_timeout_s or limits.ws_max_session_s):
         utterance.watchdog = asyncio.create_task(watch(utterance, limits), name=f"watch-{utterance.id[:8]}")
+
+
+def restart_watch(utterance: Utterance, limits: ServerLimits) -> None:
+    """Start `watch` afresh (the utterance was detached or re-attached: its idle clock changed), unless
+    its pump has ended."""
+    if utterance.watchdog is not None:
+        utterance.watchdog.cancel()
+        utterance.watchdog = None
+    if utterance.pump is None or not utterance.pump.done():
+        start_watch(utterance, limits)
 
 
 async def settle(utterance: Utterance | None) -> None:
@@ -241,8 +289,9 @@ async def settle(utterance: Utterance | None) -> None:
 
 
 def record(state: AppState, utterance: Utterance, ending: Ending, route: str) -> None:
-    """Metrics (streams by finish reason, audio seconds, time from first text to first audio) and the
-    access record. (No real-time factor: a live stream's wall time is the writer's typing speed.)"""
+    """Metrics (streams by finish reason, audio seconds, time from first text to first audio), the
+    access record and the usage-log line (`--usage-log`). (No real-time factor: a live stream's wall
+    time is the writer's typing speed.)"""
     metrics, model = state.metrics, utterance.plan.served.id
     metrics.streams.inc(model=model, reason=ending.reason)
     if utterance.samples:
@@ -258,3 +307,8 @@ def record(state: AppState, utterance: Utterance, ending: Ending, route: str) ->
         request_id=utterance.id, method="WS", route=route, status=101, model=model,
         voice=utterance.plan.voice.label, finish_reason=ending.reason, frames=utterance.usage()["output_tokens"],
         audio_s=utterance.audio_s, ttfa_s=first_audio, elapsed_s=timings["elapsed_s"]))
+    writer = usage_log(state.config.usage_log)
+    if writer is not None:
+        writer.record(request_id=utterance.id, route=route, model=model, voice=utterance.plan.voice.label,
+                      response_format=utterance.response_format, finish_reason=ending.reason,
+                      usage=utterance.usage(), key_id=key_id(state.config.api_key))

@@ -19,6 +19,16 @@ rejected message changes nothing, and a session that fails reports `error` and t
 finish_reason "error". Error texts are written for clients: engine and encoder failures say only
 that they happened (with the session id; the detail is in the server log).
 
+Optional `start` fields (a client written before them is unaffected): `"progress": true` adds, after
+each binary frame, `{"type": "progress", "id", "audio_end_s", "text_fed_end", "spoken_end_estimate",
+"basis"}` (`api/progress.py`; code points into the text sent) and a last one with basis "final" just
+before `done`; `"text_normalization": "auto"` speaks numbers, dates and URLs as words
+(docs/protocols.md); `"resumable": true` (below).
+
+`done.usage` (`Utterance.usage()`, `api/usage.py`): input_tokens, output_tokens, total_tokens (OpenAI's
+names: text tokens in, codec frames out), characters (of the text deltas taken), normalized_characters
+(null unless the text was normalized), audio_seconds, frames, first_audio_s (first text -> first audio).
+
 Handshake checks, authentication (`?api_key=`, the subprotocol `bearer.KEY` — offer `qtts.v1` with
 it —, or `Authorization: Bearer`) and the socket, message-size and send limits are every socket
 protocol's: `api/sockets.py`. Each session is also one of the client's speech streams
@@ -27,7 +37,42 @@ protocol's: `api/sockets.py`. Each session is also one of the client's speech st
 session is stopped as if `stop` had come, and its `done` says `"limit": "idle_timeout"` or
 `"session_length"`) are `api/utterance.py`'s.
 
-A client that disconnects cancels its stream; the engine frees the slot at its next iteration.
+A client that disconnects cancels its stream; the engine frees the slot at its next iteration —
+unless the stream is resumable:
+
+Resumable streams (`api/resume.py`). A `start` with `"resumable": true` gets `"resume_token"` in
+`started` (null when the server has resumption off: `--resume-window-s 0`). Then:
+
+    client -> {"type": "text", "text": "Hel", "seq": 1}      # seq: 1, 2, ... (optional; an integer)
+    client -> {"type": "ack", "audio_bytes": 96000}          # audio bytes received so far (cumulative)
+    ... the connection is lost ...
+    client -> (new socket, same key) {"type": "resume", "resume_token": "...", "audio_bytes": 96000}
+    server <- {"type": "resumed", "id", "last_text_seq": 1, "resume_token": NEW, "audio_bytes": 96000}
+    server <- binary frames: the audio from byte `audio_bytes` on, then the stream goes on as before
+              (its `error`/`done` too, when it ended while the client was away)
+
+- `seq`: a text message whose `seq` is at most the highest one taken (`last_text_seq`) is ignored
+  (sent again after a resume); a text without `seq` is always taken. On a stream that is not
+  resumable `seq` is ignored.
+- `ack`: the server keeps the audio not yet acknowledged for a resume, at most the 16-bit PCM bytes of
+  the engine's `max_buffered_audio_s` plus 64 KiB (the oldest go first): acknowledge as audio
+  arrives. An ack of more bytes than were sent is an `error` (`invalid_value`); on a stream that is
+  not resumable, or none, an ack does nothing.
+- While the stream has no socket it is paused (the engine's slow-reader pause), it has no idle
+  timeout (`ws_max_session_s` still holds), and it is cancelled after `resume_window_s` (`serve
+  --resume-window-s`, default 30 s, 0-600). It keeps its client's speech place; at most
+  `max_detached_streams` (default 16) wait at once, past that a lost stream is cancelled.
+  A socket that breaks, or that reads nothing for `send_timeout_s`, leaves its stream waiting; one
+  that the server closes for another reason (a message too big, the drain) cancels it.
+- `resume` is the first message on a new socket (any socket without a running stream takes it). The
+  token is single-use (`resumed` brings the next one) and bound to the stream and to the API key
+  that opened it. A token that is unknown, used or expired, another key, or an `audio_bytes` the
+  server no longer holds gets `error` `resume_failed` (param `resume_token` or `audio_bytes`) and
+  close 1008 "resume_failed" (the last also cancels the stream). `resume` on a socket whose stream
+  runs: `error` `stream_active`. A socket the stream is still attached to (half-open TCP, or another
+  tab) is closed with 1008 "resumed elsewhere" (1008, not 1012: that client must not resume it back).
+- Resumption is process-local: with several replicas, route a client's sockets to the same one
+  (sticky sessions) or its resumes fail.
 """
 
 from __future__ import annotations
@@ -44,8 +89,9 @@ from pydantic import ValidationError
 from qwen3_tts_gguf.request import AudioChunk
 
 from .errors import APIError, invalid_request, validation_error
+from .resume import CLOSE_RESUME_FAILED, Resumable, resume_registry
 from .schemas import SpeechRequest
-from .sockets import SocketConnection, error_event, serve_socket
+from .sockets import CLOSE_POLICY_VIOLATION, SocketConnection, error_event, offered_key, serve_socket
 from .state import AppState
 from .synthesis import plan_speech
 from .utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
@@ -57,6 +103,7 @@ router = APIRouter(tags=["audio"])
 
 PATH = "/v1/ws"
 SUBPROTOCOL = "qtts.v1"
+SEND_TIMEOUT_CLOSE = (CLOSE_POLICY_VIOLATION, "send_timeout")
 NOT_FOR_LIVE_TEXT = ("input", "text_mode", "stream_format")
 """Speech-request fields a session ignores (the text comes in deltas, always in streaming mode)."""
 _PLACEHOLDER_INPUT = "(live text)"
@@ -87,6 +134,18 @@ def done_event(utterance: Utterance, ending: Ending) -> dict[str, Any]:
     }
 
 
+def progress_event(session: Utterance, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "progress", "id": session.id, **fields}
+
+
+def closing_events(session: Utterance, ending: Ending) -> list[dict[str, Any]]:
+    """What ends an utterance: its `error` (if it failed), its last `progress` (if asked), `done`."""
+    final = session.final_progress()
+    return [*([error_event(ending.error, id=session.id)] if ending.error else []),
+            *([progress_event(session, final)] if final is not None else []),
+            done_event(session, ending)]
+
+
 class Connection(SocketConnection):
     """One `/v1/ws` socket: runs at most one utterance at a time."""
 
@@ -97,9 +156,12 @@ class Connection(SocketConnection):
         self.session: Utterance | None = None
         self._last_pump = None
         """The latest session's pump (it sends that session's `done`)."""
+        self._resumable: Resumable | None = None
+        """The resumable stream this socket carries (or last carried)."""
 
     def handlers(self):
-        return {"start": self.start, "text": self.text, "stop": self.stop, "cancel": self.cancel}
+        return {"start": self.start, "text": self.text, "stop": self.stop, "cancel": self.cancel, "ack": self.ack,
+                "resume": self.resume}
 
     def error_event(self, error: APIError, message: dict[str, Any] | None = None) -> dict[str, Any]:
         return error_event(error, **({"id": self.session.id} if self.session is not None else {}))
@@ -110,29 +172,63 @@ class Connection(SocketConnection):
         return self.session is not None or (self._last_pump is not None and not self._last_pump.done())
 
     def on_end(self) -> None:
-        if self.session is not None:
-            self.session.cancel()
+        if self.session is None:
+            return
+        close = self._ended.result() if self._ended.done() else None
+        if self.session.resume is not None and close in (None, SEND_TIMEOUT_CLOSE):
+            return  # the client may come back: `release` keeps the stream for a resume when it can
+        self.session.cancel()
 
     async def release(self) -> None:
+        resumable = self._resumable
+        if resumable is not None and resumable.connection is self \
+                and resume_registry(self.ws).detach(resumable, self):
+            self.session = None
+            return
         await settle(self.session)
+
+    # -- a resumable stream moves between sockets (`api/resume.py`) ---------------------------------
+    def adopt(self, utterance: Utterance) -> None:
+        self.session = utterance
+        self._last_pump = utterance.pump
+
+    def let_go(self, utterance: Utterance, moved: bool = False) -> None:
+        if self.session is utterance:
+            self.session = None
+        if moved:
+            self._resumable = None
+            if self._last_pump is utterance.pump:
+                self._last_pump = None
 
     # -- messages ---------------------------------------------------------------------------------
     async def start(self, message: dict[str, Any]) -> None:
         if self.session is not None:
             raise invalid_request("A stream is already running on this socket: send 'stop' or 'cancel' and "
                                   "wait for 'done' before the next 'start'.", code="stream_active")
+        resumable = message.get("resumable", False)
+        if not isinstance(resumable, bool):
+            raise invalid_request("'resumable' must be true or false.", param="resumable")
         registry = self.state.registry
-        body, ignored = speech_request(message, registry.default.id)
+        body, ignored = speech_request({k: v for k, v in message.items() if k != "resumable"}, registry.default.id)
         served = model_for_voice(registry, body.model, body.voice_id, self.state.voice_profiles)  # as the route
         plan = replace(plan_speech(body, served, self.state.voice_profiles), ignored_fields=ignored)
-        session = await open_utterance(self.ws, self.state, plan, body.response_format, body.speed, live=True)
+        session = await open_utterance(self.ws, self.state, plan, body.response_format, body.speed, live=True,
+                                       progress=body.progress)
         self.session = session
-        await self.send_event({
+        self._resumable = None
+        started = {
             "type": "started", "id": session.id, "model": plan.served.id, "voice": plan.voice.label,
             "sample_rate": session.sample_rate, "channels": 1, "format": body.response_format,
             "instructions_ignored": plan.voice.instructions_ignored, "voice_ignored": plan.voice.voice_ignored,
             "ignored_fields": list(ignored),
-        })
+        }
+        if resumable:
+            token = None
+            if self.limits.resume_window_s > 0:
+                token = resume_registry(self.ws).open(session, self, offered_key(self.ws))
+                self._resumable = session.resume
+            started["resume_token"] = token
+        await self.send_event(started)
         session.pump = self._last_pump = asyncio.create_task(self._pump(session), name=f"ws-pump-{session.id[:8]}")
         start_watch(session, self.limits)
 
@@ -142,6 +238,16 @@ class Connection(SocketConnection):
         if not isinstance(delta, str):
             raise invalid_request("A text message needs 'text': a string.", param="text",
                                   code="missing_required_parameter" if delta is None else "invalid_value")
+        resumable, seq = session.resume, message.get("seq")
+        if resumable is not None and seq is not None:
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+                raise invalid_request("'seq' must be an integer, 1 or more (1, 2, ... in order).", param="seq")
+            if seq <= resumable.last_text_seq:
+                return  # taken already: sent again after a resume
+            session.check_text(delta, self.limits)
+            session.push(delta)
+            resumable.last_text_seq = seq
+            return
         session.check_text(delta, self.limits)
         session.push(delta)
 
@@ -153,6 +259,38 @@ class Connection(SocketConnection):
         if self.session is not None:
             self.session.cancel()
 
+    async def ack(self, message: dict[str, Any]) -> None:
+        """The client has the first `audio_bytes` bytes of the stream's audio: no need to keep them for a
+        resume. Nothing to do for a stream that is not resumable (or none: an ack racing a `done`)."""
+        received = message.get("audio_bytes")
+        if not isinstance(received, int) or isinstance(received, bool) or received < 0:
+            raise invalid_request("An ack needs 'audio_bytes': the audio bytes received so far (an integer, 0 or "
+                                  "more).", param="audio_bytes",
+                                  code="missing_required_parameter" if received is None else "invalid_value")
+        resumable = self._resumable
+        if resumable is None or resumable.connection is not self:
+            return
+        if received > resumable.replay.end:
+            raise invalid_request(f"An ack of {received} bytes, but {resumable.replay.end} were sent.",
+                                  param="audio_bytes")
+        resumable.replay.ack(received)
+
+    async def resume(self, message: dict[str, Any]) -> None:
+        """Carry on a resumable stream whose socket was lost (module docstring)."""
+        if self.session is not None:
+            raise invalid_request("A stream is already running on this socket: resume on a new one.",
+                                  code="stream_active")
+        registry = resume_registry(self.ws)
+        try:
+            resumable, token = registry.claim(message.get("resume_token"), offered_key(self.ws),
+                                              message.get("audio_bytes"))
+        except APIError as e:
+            await self.send_error(e)
+            self.end(CLOSE_RESUME_FAILED)
+            return
+        self._resumable = resumable
+        await resumable.attach(self, message["audio_bytes"], token)
+
     def _require_session(self, kind: str) -> Utterance:
         if self.session is None:
             raise invalid_request(f"'{kind}' before 'start': open a stream with a 'start' message first.",
@@ -162,20 +300,32 @@ class Connection(SocketConnection):
     # -- audio ------------------------------------------------------------------------------------
     async def _pump(self, session: Utterance) -> None:
         """Binary frames as the audio comes; then `done` (and `error` first if it failed)."""
+        resumable = session.resume
+        if resumable is not None:  # it goes wherever the stream is attached (`api/resume.py`)
+            async def deliver_resumable(data: bytes, chunk: AudioChunk | None) -> None:
+                await resumable.deliver(data)
+                if (progress := session.progress_after(chunk)) is not None:  # dropped while detached
+                    await resumable.send_event(progress_event(session, progress))
 
-        async def deliver(data: bytes, _: AudioChunk | None) -> None:
+            ending = await pump(session, deliver_resumable)
+            record(self.state, session, ending, PATH)
+            await resumable.finish(closing_events(session, ending))
+            return
+
+        async def deliver(data: bytes, chunk: AudioChunk | None) -> None:
             await self.send_bytes(data)
+            if (progress := session.progress_after(chunk)) is not None:
+                await self.send_event(progress_event(session, progress))
             if not self.open:  # the client left (or was ended) while we were sending
                 session.cancel()
 
         ending = await pump(session, deliver)
-        done = done_event(session, ending)
+        events = closing_events(session, ending)
         record(self.state, session, ending, PATH)
         if self.session is session:
             self.session = None  # the next `start` is welcome from here on
-        if ending.error is not None:
-            await self.send_event(error_event(ending.error, id=session.id))
-        await self.send_event(done)
+        for event in events:
+            await self.send_event(event)
 
 
 @router.websocket(PATH)

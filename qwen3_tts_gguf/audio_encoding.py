@@ -20,6 +20,13 @@ One rule turns float samples into 16-bit integers everywhere (`to_s16`), so `pcm
   The compressed formats are muxed by PyAV (bundled FFmpeg) into a write-only sink, so the muxers
   never seek back and every byte can leave as soon as it is written.
 
+- G.711 for telephony and OpenAI's Realtime API (`G711_FORMATS`, not speech-route formats): `pcmu`
+  (mu-law) and `pcma` (A-law), 8 kHz, one byte per sample, no header. The encoder resamples its
+  input to 8 kHz with soxr's streaming resampler (`StreamResampler`: chunks in, the same samples as
+  one whole-signal resampling out, its filter state carried across chunks) and encodes with
+  `s16_to_ulaw` / `s16_to_alaw`, the ITU-T G.711 rules exactly as Python's former `audioop`
+  (`lin2ulaw`/`lin2alaw`: the top 14 / 13 bits of each s16 sample).
+
 - `speed` (0.25-4.0) changes tempo without changing pitch with FFmpeg's ``atempo`` filter (one
   instance per factor of 2, see `atempo_factors`); 1.0 bypasses the filter.
 
@@ -46,12 +53,20 @@ import numpy as np
 
 __all__ = [
     "FORMATS",
+    "G711_FORMATS",
+    "G711_RATE",
     "MIME_TYPES",
+    "G711_MIME_TYPES",
     "EXTENSIONS",
     "SAMPLE_RATE",
     "MIN_SPEED",
     "MAX_SPEED",
     "to_s16",
+    "s16_to_ulaw",
+    "s16_to_alaw",
+    "ulaw_to_s16",
+    "alaw_to_s16",
+    "StreamResampler",
     "wav_header",
     "format_from_path",
     "atempo_factors",
@@ -69,6 +84,10 @@ MIME_TYPES = {
     "wav": "audio/wav",
     "pcm": "audio/pcm",  # s16le mono at the encoder's sample rate (24 kHz by default)
 }
+G711_FORMATS = ("pcmu", "pcma")
+"""Formats `StreamingEncoder` also writes (not the speech route's): G.711 mu-law and A-law at 8 kHz."""
+G711_RATE = 8000
+G711_MIME_TYPES = {"pcmu": "audio/pcmu", "pcma": "audio/pcma"}  # RFC 3551's PCMU / PCMA
 # file extension (lower case, no dot) -> format
 EXTENSIONS = {
     "wav": "wav",
@@ -108,6 +127,112 @@ def to_s16(samples: np.ndarray) -> np.ndarray:
         raise TypeError(f"to_s16 expects float samples in [-1, 1], got dtype {x.dtype}")
     x = np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=1.0, neginf=-1.0)
     return np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+# -- G.711 (ITU-T G.711, as Sun's g711.c and Python's audioop implement it) ------------------------
+
+_ULAW_SEG_END = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF])
+_ALAW_SEG_END = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF])
+
+
+def _ulaw_codes(s16: np.ndarray) -> np.ndarray:
+    """mu-law of s16 values (any int dtype): the 14-bit sample (s16 >> 2) biased by 33, its segment
+    and 4 mantissa bits, every bit inverted (zero -> 0xFF)."""
+    pcm = s16.astype(np.int32) >> 2
+    negative = pcm < 0
+    magnitude = np.minimum(np.where(negative, -pcm, pcm), 8159) + 33
+    segment = np.searchsorted(_ULAW_SEG_END, magnitude)
+    code = np.where(segment >= 8, 0x7F, (segment << 4) | ((magnitude >> (segment + 1)) & 0x0F))
+    return (code ^ np.where(negative, 0x7F, 0xFF)).astype(np.uint8)
+
+
+def _alaw_codes(s16: np.ndarray) -> np.ndarray:
+    """A-law of s16 values: the 13-bit sample (s16 >> 3), its segment and 4 mantissa bits, even bits
+    inverted (zero -> 0xD5)."""
+    pcm = s16.astype(np.int32) >> 3
+    negative = pcm < 0
+    magnitude = np.where(negative, -pcm - 1, pcm)
+    segment = np.searchsorted(_ALAW_SEG_END, magnitude)
+    mantissa = np.where(segment < 2, magnitude >> 1, magnitude >> np.maximum(segment, 1)) & 0x0F
+    code = np.where(segment >= 8, 0x7F, (segment << 4) | mantissa)
+    return (code ^ np.where(negative, 0x55, 0xD5)).astype(np.uint8)
+
+
+_ALL_S16 = np.arange(-32768, 32768, dtype=np.int32)
+_ULAW_OF = np.roll(_ulaw_codes(_ALL_S16), -32768)  # indexed by the s16 value's uint16 bits
+_ALAW_OF = np.roll(_alaw_codes(_ALL_S16), -32768)
+del _ALL_S16
+
+
+def _ulaw_decode_table() -> np.ndarray:
+    u = ~np.arange(256) & 0xFF
+    t = (((u & 0x0F) << 3) + 0x84) << ((u & 0x70) >> 4)
+    return np.where(u & 0x80, 0x84 - t, t - 0x84).astype(np.int16)
+
+
+def _alaw_decode_table() -> np.ndarray:
+    a = np.arange(256) ^ 0x55
+    segment = (a & 0x70) >> 4
+    t = (a & 0x0F) << 4
+    t = np.where(segment == 0, t + 8, (t + 0x108) << np.maximum(segment - 1, 0))
+    return np.where(a & 0x80, t, -t).astype(np.int16)
+
+
+_S16_OF_ULAW = _ulaw_decode_table()
+_S16_OF_ALAW = _alaw_decode_table()
+
+
+def s16_to_ulaw(s16: np.ndarray) -> bytes:
+    """G.711 mu-law bytes of int16 samples (= `audioop.lin2ulaw(s16.tobytes(), 2)`)."""
+    return _ULAW_OF[np.asarray(s16, np.int16).view(np.uint16)].tobytes()
+
+
+def s16_to_alaw(s16: np.ndarray) -> bytes:
+    """G.711 A-law bytes of int16 samples (= `audioop.lin2alaw(s16.tobytes(), 2)`)."""
+    return _ALAW_OF[np.asarray(s16, np.int16).view(np.uint16)].tobytes()
+
+
+def ulaw_to_s16(data: bytes) -> np.ndarray:
+    """int16 samples of G.711 mu-law bytes (= `audioop.ulaw2lin(data, 2)`)."""
+    return _S16_OF_ULAW[np.frombuffer(data, np.uint8)]
+
+
+def alaw_to_s16(data: bytes) -> np.ndarray:
+    """int16 samples of G.711 A-law bytes (= `audioop.alaw2lin(data, 2)`)."""
+    return _S16_OF_ALAW[np.frombuffer(data, np.uint8)]
+
+
+class StreamResampler:
+    """float32 mono chunks at `in_rate` -> `out_rate`, with soxr's streaming resampler ("HQ", as
+    `voice_clone.resample`): the filter's state is carried across chunks, so the chunks' outputs
+    joined are one resampling of the joined input; `flush()` returns the filter's tail."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        import soxr  # a requirement of the package; imported where it is used (as voice_clone does)
+
+        self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+
+    def process(self, samples: np.ndarray) -> np.ndarray:
+        return self._stream.resample_chunk(np.asarray(samples, np.float32))
+
+    def flush(self) -> np.ndarray:
+        return self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
+
+
+class _G711:
+    """s16 at the encoder's rate -> 8 kHz -> mu-law or A-law bytes."""
+
+    def __init__(self, format: str, sample_rate: int) -> None:
+        self._encode = s16_to_ulaw if format == "pcmu" else s16_to_alaw
+        self._resampler = StreamResampler(sample_rate, G711_RATE) if sample_rate != G711_RATE else None
+
+    def encode(self, s16: np.ndarray) -> bytes:
+        if self._resampler is None:
+            return self._encode(s16)
+        return self._encode(to_s16(self._resampler.process(s16.astype(np.float32) / 32767.0)))
+
+    def flush(self) -> bytes:
+        return b"" if self._resampler is None else self._encode(to_s16(self._resampler.flush()))
 
 
 def wav_header(sample_rate: int = SAMPLE_RATE, num_samples: int | None = None) -> bytes:
@@ -234,21 +359,22 @@ class StreamingEncoder:
     """Encode one request's audio chunks into one continuous byte stream.
 
     Args:
-        format: one of `FORMATS`.
-        sample_rate: rate of the incoming float chunks (and of the output; opus accepts
-            8/12/16/24/48 kHz).
+        format: one of `FORMATS`, or of `G711_FORMATS` (8 kHz output whatever the input rate).
+        sample_rate: rate of the incoming float chunks (and of the output, but for G.711; opus
+            accepts 8/12/16/24/48 kHz).
         speed: tempo factor in [0.25, 4.0] (pitch kept); 1.0 = unchanged.
 
     Not thread-safe; use one encoder per request. ValueError on a bad format, rate or speed.
     """
 
     def __init__(self, format: str, sample_rate: int = SAMPLE_RATE, speed: float = 1.0) -> None:
-        self.format = _check_format(format)
+        self.format = format if format in G711_FORMATS else _check_format(format)
         self.sample_rate = int(sample_rate)
         if self.sample_rate <= 0:
             raise ValueError(f"sample_rate must be positive, got {sample_rate!r}")
         self.speed = _check_speed(speed)
-        self.mime_type = MIME_TYPES[format]
+        self.mime_type = G711_MIME_TYPES.get(format) or MIME_TYPES[format]
+        self._g711 = _G711(format, self.sample_rate) if format in G711_FORMATS else None
         self._samples = 0
         self._finished = False
         self._header_sent = False
@@ -296,6 +422,8 @@ class StreamingEncoder:
             return b""
         rest = self._tempo.flush() if self._tempo is not None else np.zeros(0, np.int16)
         out = self._emit(rest)  # also a wav header when nothing was encoded
+        if self._g711 is not None:
+            out += self._g711.flush()
         self._finished = True
         if self._container is not None:
             for packet in self._stream.encode(None):
@@ -317,7 +445,7 @@ class StreamingEncoder:
             self._release()
 
     def _release(self) -> None:
-        self._container = self._stream = self._sink = self._tempo = None
+        self._container = self._stream = self._sink = self._tempo = self._g711 = None
 
     def _emit(self, s16: np.ndarray) -> bytes:
         header = b""
@@ -327,6 +455,8 @@ class StreamingEncoder:
         if not len(s16):
             return header
         self._samples += len(s16)
+        if self._g711 is not None:
+            return self._g711.encode(s16)
         if self._container is None:  # wav / pcm
             return header + s16.astype("<i2", copy=False).tobytes()
         frame = av.AudioFrame.from_ndarray(s16[None, :], format="s16", layout="mono")

@@ -342,6 +342,17 @@ def _number(kind, minimum):
 
 _COUNT, _SECONDS, _COUNT0 = _number(int, 1), _number(float, None), _number(int, 0)
 
+
+def _resume_window(text: str) -> float:
+    """An argparse type: seconds from 0 to 600 (api.limits.MAX_RESUME_WINDOW_S)."""
+    value = float(text)
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (0 to 600 seconds)")
+    return value
+
+
+_resume_window.__name__ = "float"
+
 # serve's limits: one flag per field of api.limits.ServerLimits (same name); a flag left out keeps the
 # field's default, which the help shows (read from ServerLimits only when help is printed)
 SERVE_LIMITS: tuple[tuple[str, object, str], ...] = (
@@ -364,6 +375,10 @@ SERVE_LIMITS: tuple[tuple[str, object, str], ...] = (
     ("ws_idle_timeout_s", _SECONDS, "seconds a WebSocket stream may go without text before it is stopped"),
     ("max_sockets", _COUNT, "open WebSockets in all"),
     ("max_sockets_per_client", _COUNT, "open WebSockets of one client"),
+    ("resume_window_s", _resume_window, "seconds a resumable WebSocket stream whose connection was lost waits "
+                                        "(paused) for its resume before it is cancelled; 0 = no resume (0-600)"),
+    ("max_detached_streams", _COUNT0, "resumable WebSocket streams waiting for their resume at once; past it a "
+                                      "lost stream is cancelled"),
     ("voice_workers", _COUNT, "threads that clone and design voices"),
     ("voice_queue", _COUNT0, "voice jobs waiting for a worker (429 above)"),
 )
@@ -403,7 +418,8 @@ def _add_limit_args(p: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=name, action="append", help=helptext, metavar=_REPEATED[name])
         else:
             group.add_argument(flag, dest=name, type=kind, help=helptext,
-                               metavar="SECONDS" if kind is _SECONDS else "BYTES" if name.endswith("_bytes") else "N")
+                               metavar="SECONDS" if kind in (_SECONDS, _resume_window)
+                               else "BYTES" if name.endswith("_bytes") else "N")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -531,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM/SIGINT, seconds streams in flight may take to finish before the server stops")
     p.add_argument("--log-format", choices=("text", "json"), help="json: one JSON object per log line, with an "
                                                                   "access record per request")
+    p.add_argument("--usage-log", type=Path, metavar="PATH",
+                   help="append one JSON line per finished stream (every route: usage, finish reason) to PATH")
     _add_device_args(p)
     _add_limit_args(p)
     p.set_defaults(func=_cmd_serve)

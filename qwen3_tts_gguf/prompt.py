@@ -88,6 +88,13 @@ class Prompt:
     pad_row: np.ndarray  # [H] text part of every later decode step
     text_tokens: int  # number of text tokens of the body (usage accounting)
     prefix_len: int = 0  # leading rows that depend only on the voice (rows[:prefix_len] == prefix_rows)
+    text_ends: list[int] | None = None  # per body token: end (code points) of the text read with it
+
+    def body_in_prefill(self) -> int:
+        """Body tokens the prefill reads (the rest trail, one per decode step); may be negative
+        when a clone's reference transcript outlasts the prefill."""
+        trailing = len(self.trailing)
+        return self.text_tokens if trailing == 0 else self.text_tokens - (trailing - 1)
 
 
 def resolve_language(manifest: Manifest, voice: VoiceSpec) -> int | None:
@@ -130,12 +137,21 @@ class PromptBuilder:
         ids = self.tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
         return ids[3:-5]
 
+    def text_ids_with_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """`text_ids` and, per token, the end in `text` (code points) of the text read with it."""
+        role = "<|im_start|>assistant\n"
+        ids, ends = self.tokenizer.encode_with_ends(f"{role}{text}<|im_end|>\n{role}")
+        return ids[3:-5], [min(max(e - len(role), 0), len(text)) for e in ends[3:-5]]
+
     def body_ids(self, text: str) -> list[int]:
         """`text_ids` of a text that must say something; raises PromptError for empty text."""
-        body = self.text_ids(text) if text.strip() else []
+        return self._body(text)[0]
+
+    def _body(self, text: str) -> tuple[list[int], list[int]]:
+        body, ends = self.text_ids_with_ends(text) if text.strip() else ([], [])
         if not body:
             raise PromptError("input text is empty")
-        return body
+        return body, ends
 
     def role_ids(self) -> list[int]:
         return self.tokenizer.encode("<|im_start|>assistant\n")[:3]
@@ -214,7 +230,7 @@ class PromptBuilder:
         """
         if text_mode not in TEXT_MODES:
             raise PromptError(f"unknown text mode {text_mode!r}; choose non-streaming or streaming")
-        body = self.body_ids(text)
+        body, ends = self._body(text)
         prefix = self.prefix_rows(voice)
         ref_ids, codec_rows = self.reference_track(voice)
         ids, paired = ref_ids + body, len(codec_rows)
@@ -231,4 +247,4 @@ class PromptBuilder:
                 pad = np.repeat(self.pad_row[None], paired - len(text_rows), 0)
                 rows = np.concatenate([prefix, np.concatenate([text_rows, pad]) + codec_rows])
         return Prompt(rows=rows.astype(np.float32), trailing=trailing, pad_row=self.pad_row,
-                      text_tokens=len(body), prefix_len=len(prefix))
+                      text_tokens=len(body), prefix_len=len(prefix), text_ends=ends)

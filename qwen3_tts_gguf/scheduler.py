@@ -41,6 +41,7 @@ from .request import AudioChunk, SynthesisRequest, SynthesisResult
 from .sampler import sample_code0
 from .stream import Stream
 from .talker import DecodeItem, Talker
+from .text_normalization import NormalizedText, normalize_text
 from .text_segments import split_segments
 from .text_sources import FedText, FixedText, frame_budget
 
@@ -216,13 +217,15 @@ class Engine:
         text_mode = request.text_mode or self.model.manifest.default_text_mode
         builder = self.model.prompts
         fixed = builder.fixed_rows(request.voice)  # also validates the voice
-        segments, tokens = self._fit_segments(request.text, fixed)
+        spoken = (normalize_text(request.text, request.voice.language) if request.text_normalization == "auto"
+                  else NormalizedText.plain(request.text))
+        segments, tokens = self._fit_segments(spoken.text, fixed)
 
         def build(text: str) -> Prompt:
             return builder.build(text, request.voice, text_mode)
 
         text = FixedText(segments, tokens, [fixed + 1 + n for n in tokens], build,
-                         lambda t: self._prompt_pool.submit(build, t))
+                         lambda t: self._prompt_pool.submit(build, t), spoken, text_mode == "streaming")
         return self._enqueue(self._new_stream(request, text, loop))
 
     def open_text_stream(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
@@ -231,7 +234,8 @@ class Engine:
         `request.text` is ignored. Synthesis starts as soon as the first token is final.
         """
         self._check_request(request)
-        text = FedText(self.model.prompts, request.voice, on_change=self._notify)
+        text = FedText(self.model.prompts, request.voice, on_change=self._notify,
+                       normalize=request.text_normalization == "auto")
         if text.prefill_len() + self._min_frames(1) > self.model.talker.cells_per_stream:
             raise ContextLengthExceeded(self._too_long(text.prefill_len()), param="instructions")
         return self._enqueue(self._new_stream(request, text, loop))
@@ -388,7 +392,10 @@ class Engine:
     def _end_unstarted(self, stream: Stream, reason: str, error: str | None = None,
                        retryable: bool = False) -> None:
         stream.text.cancel()
-        stream._put(SynthesisResult(0, stream.text.text_tokens, reason, error=error, retryable=retryable))
+        text = stream.text
+        stream._put(SynthesisResult(0, text.text_tokens, reason, error=error, retryable=retryable,
+                                    progress=text.final_progress(reason, started=False),
+                                    text_chars=text.raw_chars, normalized_chars=text.normalized_chars))
 
     def _worker(self) -> None:
         try:
@@ -664,6 +671,7 @@ class Engine:
                 act.history.add(int(frame[0]))
                 self.stats["frames"] += 1
                 act.segment_frames += 1
+                act.text.frame_made(act.segment_frames)
                 emitted.append(act)
                 limit, reason = self._frame_limit(act)
                 if act.segment_frames >= limit:
@@ -730,7 +738,8 @@ class Engine:
         act.timings["codec_s"] += time.perf_counter() - t0
         if act.stream.first_audio_at is None:
             act.stream.first_audio_at = time.monotonic()
-        act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=len(frames)))
+        act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=len(frames),
+                                   progress=act.text.progress))
         act.decoded_frames += len(frames)
         act.pending = []
         act.chunk_index += 1
@@ -760,9 +769,11 @@ class Engine:
         self.stats["streams_done"] += 1
         if reason == "cancelled":
             self.stats["cancelled"] += 1
-        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=act.text.text_tokens,
+        text = act.text
+        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=text.text_tokens,
                                     finish_reason=reason, codes=codes, error=error, timings=timings,
-                                    retryable=retryable))
+                                    retryable=retryable, progress=text.final_progress(reason),
+                                    text_chars=text.raw_chars, normalized_chars=text.normalized_chars))
 
 
 __all__ = ["Engine", "EngineBusy", "EngineHealth", "EngineStopped", "Stream"]

@@ -69,12 +69,13 @@ class Stream:
 
     # -- text input (live streams) ----------------------------------------------------------
     def push_text(self, delta: str) -> None:
-        """Append text to a live stream; it is spoken as soon as its tokenization is final."""
-        self._fed().feed.push(delta)
+        """Append text to a live stream; it is spoken as soon as its tokenization is final (with
+        normalization on, once it is normalized: on a worker thread, so this stays cheap)."""
+        self._fed().push(delta)
 
     def close_text(self) -> None:
         """No more text: the stream finishes speaking what it has."""
-        self._fed().feed.close()
+        self._fed().close()
 
     def _fed(self) -> FedText:
         if not isinstance(self.text, FedText):

@@ -5,7 +5,8 @@ BPE never merges across pre-tokenizer pieces, and growing the text only ever cha
 piece, so every piece but the last is final; each push only looks at the text after the last
 committed piece, so a long stream costs linear time. The open tail is held back further when it looks
 like an unfinished number, date or URL (digits or / : . @ - since the last space), so e.g.
-"2026-11-" is not spoken until it closes. `close()` commits everything.
+"2026-11-" is not spoken until it closes. `close()` commits everything. Given `encode_with_ends`,
+the feed also knows where in its text each committed token ends (`char_end`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ class TextFeed:
     """Thread-safe text buffer whose committed token ids only ever grow."""
 
     def __init__(self, encode: Callable[[str], list[int]], pre_tokenize: Callable[[str], list[tuple[str, tuple]]],
-                 on_change: Callable[[], None] | None = None):
+                 on_change: Callable[[], None] | None = None,
+                 encode_with_ends: Callable[[str], tuple[list[int], list[int]]] | None = None):
         self._encode = encode
+        self._encode_with_ends = encode_with_ends
+        self._ends: list[int] = []
         self._pre_tokenize = pre_tokenize
         self._on_change = on_change
         self._lock = threading.Lock()
@@ -60,6 +64,18 @@ class TextFeed:
         with self._lock:
             return self._buffer
 
+    @property
+    def committed_tokens(self) -> int:
+        with self._lock:
+            return len(self._ids)
+
+    def char_end(self, tokens: int) -> int:
+        """End (code points of `text`) of the text read with the first `tokens` committed tokens
+        (needs `encode_with_ends`)."""
+        with self._lock:
+            tokens = min(tokens, len(self._ends))
+            return self._ends[tokens - 1] if tokens > 0 else 0
+
     def _stable_end(self) -> int:
         # pieces before the committed point are final, so only the open part is pre-tokenized again
         # (a regex match from a piece boundary is the same in the suffix as in the whole text)
@@ -78,7 +94,13 @@ class TextFeed:
         if end <= self._committed_chars:
             return
         # BPE never crosses a piece boundary: the new pieces' tokens simply follow the old ones
-        self._ids = self._ids + self._encode(self._buffer[self._committed_chars:end])
+        start = self._committed_chars
+        if self._encode_with_ends is None:
+            self._ids = self._ids + self._encode(self._buffer[start:end])
+        else:
+            ids, ends = self._encode_with_ends(self._buffer[start:end])
+            self._ids = self._ids + ids
+            self._ends.extend(start + e for e in ends)
         self._committed_chars = end
 
     def _notify(self) -> None:

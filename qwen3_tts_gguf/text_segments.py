@@ -3,11 +3,14 @@
 Up to `max_chars` the text is one talker sequence, as the official implementation does it; past
 that it is cut after sentence-ending punctuation (Latin and CJK), packing whole sentences
 greedily. A single sentence longer than `max_chars` is cut at a clause mark or space instead.
+Segments keep every non-space character in order (only whitespace is dropped), so
+`locate_segments` finds where each of their characters came from.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？…])[\"'”’)\]」』]*\s*|\n+")
 _CLAUSE_END = re.compile(r"(?<=[,:;，、：；])\s*|\s+")
@@ -51,3 +54,33 @@ def split_segments(text: str, max_chars: int) -> list[str]:
     if current.strip():
         segments.append(current.strip())
     return segments
+
+
+def locate_segments(text: str, segments: list[str]) -> list[Sequence[int]]:
+    """For each segment (of `split_segments(text, ...)`, possibly split again), the offset in `text`
+    of each of its characters, then the offset just past its last one."""
+    located: list[Sequence[int]] = []
+    pos = 0
+    for segment in segments:
+        found = text.find(segment, pos)
+        if found >= 0 and not text[pos:found].strip():  # a plain substring (the usual case)
+            located.append(range(found, found + len(segment) + 1))
+            pos = found + len(segment)
+            continue
+        offsets = []  # a whitespace-only piece was dropped inside it: follow it character by character
+        for ch in segment:
+            if ch.isspace():
+                if pos < len(text) and text[pos].isspace():
+                    pos += 1
+                offsets.append(max(pos - 1, 0))
+                continue
+            while pos < len(text) and text[pos] != ch and text[pos].isspace():
+                pos += 1
+            if pos >= len(text) or text[pos] != ch:  # (not a split of `text`): search forward
+                found = text.find(ch, pos)
+                pos = found if found >= 0 else pos
+            offsets.append(pos)
+            pos += 1 if pos < len(text) else 0
+        offsets.append(pos)
+        located.append(offsets)
+    return located

@@ -3,22 +3,71 @@
 Both answer the engine's questions the same way: is the stream ready to start, what does it
 prefill, which text row goes with decode step k, how many KV cells may it need, and is there a
 next segment. The engine (`scheduler.py`) never looks inside.
+
+They also say how far the text has got (`frame_made` after each frame, `progress` as of the last
+one, `final_progress` at the end; request.TextProgress). Frame k of a segment is made after the
+talker read its first (text rows paired in the prefill) + k text tokens; offsets are code points
+of the raw text, mapped back through the segments and, when on, the normalization spans. The
+spoken estimate assumes SPOKEN_FRAMES_PER_TOKEN frames per token from the segment's start.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
 
 from .prompt import Prompt, PromptBuilder, VoiceSpec
+from .request import TextProgress
 from .text_feed import TextFeed
+from .text_normalization import LiveNormalizer, NormalizedText, StreamingNormalizer, load_wetext, normalizes
+from .text_segments import locate_segments
+
+log = logging.getLogger("qwen3_tts_gguf.engine")
+
+SPOKEN_FRAMES_PER_TOKEN = 4
+"""Assumed speaking rate for `spoken_end_estimate`: ~3 tokens/s at 12.5 frames/s (English at
+~150 words/min is ~3.3 tokens/s, Chinese at ~4.5 characters/s ~3.2). A heuristic, not a measurement."""
 
 
 def frame_budget(base_frames: int, frames_per_token: int, tokens: int) -> int:
     """Runaway protection: the frames a segment of `tokens` text tokens may make."""
     return base_frames + frames_per_token * max(tokens, 1)
+
+
+class _Progress:
+    """A stream's progress values, kept monotonic; a failure turns progress off (never the stream's)."""
+
+    def __init__(self, normalized: bool):
+        self.normalized = normalized
+        self.last: TextProgress | None = None
+        self.failed = False
+
+    def update(self, fed: tuple[int, int], spoken: tuple[int, int], basis: str) -> TextProgress:
+        """fed / spoken: (raw, normalized) offsets."""
+        if self.last is not None:
+            last = self.last
+            fed = (max(fed[0], last.text_fed_end), max(fed[1], last.normalized_text_fed_end or 0))
+            spoken = (max(spoken[0], last.spoken_end_estimate),
+                      max(spoken[1], last.normalized_spoken_end_estimate or 0))
+        spoken = (min(spoken[0], fed[0]), min(spoken[1], fed[1]))
+        self.last = TextProgress(fed[0], spoken[0], basis, *((fed[1], spoken[1]) if self.normalized else (None, None)))
+        return self.last
+
+    def guard(self, fn: Callable[[], None]) -> None:
+        if self.failed:
+            return
+        try:
+            fn()
+        except Exception:
+            self.failed = True
+            log.exception("text progress failed; this stream reports none")
+
+
+def _spoken_tokens(fed: int, frames: int) -> int:
+    return min(fed, frames // SPOKEN_FRAMES_PER_TOKEN)
 
 
 class FixedText:
@@ -28,15 +77,78 @@ class FixedText:
     built in the background while the segment before it speaks (`prepare` returns a Future), so
     neither the first audio nor the engine loop waits for the text rows of a long input.
     `prefill_sizes` are the prefill rows of every segment (exact for the first, an upper bound
-    for the others), so the engine can reserve a stream's worst case before it starts."""
+    for the others), so the engine can reserve a stream's worst case before it starts.
+    `text`: the input and what is spoken for it (the segments split `text.text`); progress is
+    reported per frame when `streaming`, and finally in every mode."""
 
     def __init__(self, segments: list[str], tokens: list[int], prefill_sizes: list[int],
-                 build: Callable[[str], Prompt], prepare: Callable[[str], Future]):
+                 build: Callable[[str], Prompt], prepare: Callable[[str], Future],
+                 text: NormalizedText | None = None, streaming: bool = False):
         self._segments, self._tokens, self._prepare = segments, tokens, prepare
         self.prompts = [build(segments[0])]
         self.prefill_sizes = [len(self.prompts[0].rows), *prefill_sizes[1:]]
         self._next = prepare(segments[1]) if len(segments) > 1 else None
         self.segment = 0
+        self._text = text if text is not None else NormalizedText.plain("".join(segments))
+        self._located = locate_segments(self._text.text, segments)
+        self._streaming = streaming
+        self._progress = _Progress(self._text.normalized)
+        self._read = (0, 0)  # (segment, body tokens) the talker had read at the last frame
+
+    @property
+    def raw_chars(self) -> int:
+        return len(self._text.raw)
+
+    @property
+    def normalized_chars(self) -> int | None:
+        return len(self._text.text) if self._text.normalized else None
+
+    @property
+    def progress(self) -> TextProgress | None:
+        """As of the last frame made (streaming text mode; None otherwise)."""
+        return self._progress.last if self._streaming and not self._progress.failed else None
+
+    def frame_made(self, frames: int) -> None:
+        """The current segment has made `frames` frames (the last one just now)."""
+        if self._streaming:
+            self._progress.guard(lambda: self._frame_made(frames))
+
+    def _frame_made(self, frames: int) -> None:
+        p = self.prompt
+        fed = min(max(p.body_in_prefill() + frames - 1, 0), p.text_tokens)
+        self._read = (self.segment, fed)
+        self._progress.update(self._ends(self.segment, fed), self._ends(self.segment, _spoken_tokens(fed, frames)),
+                              "frames_per_token")
+
+    def final_progress(self, reason: str, started: bool = True) -> TextProgress | None:
+        """The values at the end: the whole text after EOS or once all of it was read."""
+        result: list[TextProgress] = []
+
+        def final() -> None:
+            segment, read = self._read if self._streaming else (self.segment, self.prompt.text_tokens)
+            if not started:
+                end = (0, 0)
+            elif reason == "eos":
+                end = (len(self._text.raw), len(self._text.text))
+            else:
+                end = self._ends(segment, read)
+            result.append(self._progress.update(end, end, "final"))
+
+        self._progress.guard(final)
+        return result[0] if result else None
+
+    def _ends(self, segment: int, tokens: int) -> tuple[int, int]:
+        """(raw, spoken) offsets just past the first `tokens` body tokens of `segment`."""
+        prompt = self.prompts[segment]
+        if segment == len(self._segments) - 1 and tokens >= prompt.text_tokens:
+            return len(self._text.raw), len(self._text.text)
+        located = self._located[segment]
+        pos = prompt.text_ends[min(tokens, prompt.text_tokens) - 1] if tokens > 0 else 0
+        if pos > 0:
+            at = located[pos - 1] + 1
+        else:
+            at = self._located[segment - 1][-1] if segment > 0 else 0
+        return self._text.to_raw(at), at
 
     @property
     def prompt(self) -> Prompt:
@@ -99,15 +211,79 @@ class FedText:
     transcript and the codec rows are codec_bos + one per reference frame, so the stream starts
     once Nc text rows are known (or at close, padding with <tts_pad> as the official layout does).
     Text row Nc + k is added to decode step k; after the text (and its EOS) comes <tts_pad>.
+    With `normalize`, pushed text is normalized on a worker thread (`LiveNormalizer`) and what it
+    commits goes into `feed`; offsets still count in the raw text pushed.
     """
 
-    def __init__(self, prompts: PromptBuilder, voice: VoiceSpec, on_change: Callable[[], None]):
+    def __init__(self, prompts: PromptBuilder, voice: VoiceSpec, on_change: Callable[[], None],
+                 normalize: bool = False):
         self._prompts = prompts
         self._prefix = prompts.prefix_rows(voice)  # validates the voice now
         self._ref_ids, self._codec_rows = prompts.reference_track(voice)
         tokenizer = prompts.tokenizer
         # plain encode of each new run of pieces = the template's body ids (text not starting with a newline)
-        self.feed = TextFeed(tokenizer.encode, tokenizer.pieces, on_change=on_change)
+        self.feed = TextFeed(tokenizer.encode, tokenizer.pieces, on_change=on_change,
+                             encode_with_ends=tokenizer.encode_with_ends)
+        self.normalizer: LiveNormalizer | None = None
+        if normalize and normalizes(voice.language):
+            load_wetext()  # (here, on the opening thread: not on the pushing one)
+            self.normalizer = LiveNormalizer(StreamingNormalizer(voice.language), self.feed.push, self.feed.close)
+        self._progress = _Progress(self.normalizer is not None)
+        self._read = 0  # body tokens the talker had read at the last frame
+
+    def push(self, delta: str) -> None:
+        """Append raw text (cheap with normalization: the worker does it)."""
+        (self.normalizer or self.feed).push(delta)
+
+    def close(self) -> None:
+        (self.normalizer or self.feed).close()
+
+    @property
+    def raw_chars(self) -> int:
+        return self.normalizer.raw_chars if self.normalizer is not None else len(self.feed.text)
+
+    @property
+    def normalized_chars(self) -> int | None:
+        if self.normalizer is None or self.normalizer.normalizer.language is None:
+            return None
+        return self.normalizer.normalizer.normalized_chars
+
+    @property
+    def progress(self) -> TextProgress | None:
+        return None if self._progress.failed else self._progress.last
+
+    def frame_made(self, frames: int) -> None:
+        self._progress.guard(lambda: self._frame_made(frames))
+
+    def _frame_made(self, frames: int) -> None:
+        committed = self.feed.committed_tokens
+        fed = min(max(len(self._codec_rows) + frames - 1 - len(self._ref_ids), 0), committed)
+        self._read = fed
+        self._progress.update(self._ends(fed, committed), self._ends(_spoken_tokens(fed, frames), committed),
+                              "frames_per_token")
+
+    def final_progress(self, reason: str, started: bool = True) -> TextProgress | None:
+        """The values at the end: the whole text after EOS or once all of it was read (and closed)."""
+        result: list[TextProgress] = []
+
+        def final() -> None:
+            committed = self.feed.committed_tokens
+            read = committed if reason == "eos" and self.feed.closed else self._read
+            end = self._ends(read, committed) if started else (0, 0)
+            result.append(self._progress.update(end, end, "final"))
+
+        self._progress.guard(final)
+        return result[0] if result else None
+
+    def _ends(self, tokens: int, committed: int) -> tuple[int, int]:
+        """(raw, spoken) offsets just past the first `tokens` committed body tokens."""
+        if self.feed.closed and tokens >= committed:
+            spoken = len(self.feed.text)
+            return (self.raw_chars, spoken) if self.normalizer is not None else (spoken, spoken)
+        spoken = self.feed.char_end(tokens)
+        if self.normalizer is None:
+            return spoken, spoken
+        return self.normalizer.normalizer.map.to_raw(spoken), spoken
 
     def _text(self) -> tuple[list[int], bool]:
         """(reference transcript + committed body ids, closed)."""
@@ -165,7 +341,8 @@ class FedText:
         return False
 
     def cancel(self) -> None:
-        pass
+        if self.normalizer is not None:
+            self.normalizer.cancel()
 
 
 TextSource = FixedText | FedText

@@ -11,6 +11,7 @@ token ids, and therefore the codes, are the official ones.
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -87,6 +88,24 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (added tokens such as <|im_start|> are recognised)."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """`encode(text)` and, per token, the end (code points) of the text complete once it is read.
+
+        Byte-level BPE may split one character over tokens (an emoji, a ZWJ): a token that ends
+        inside a character ends where that character starts. NFC-composed characters are counted
+        with the combining marks they absorbed."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        offsets = enc.offsets
+        ends, last = [], 0
+        for i, (_, end) in enumerate(offsets):
+            following = offsets[i + 1][0] if i + 1 < len(offsets) else len(text)
+            end = min(end, following)
+            while end < following and unicodedata.combining(text[end]):
+                end += 1
+            last = max(last, end)
+            ends.append(last)
+        return enc.ids, ends
 
     def pieces(self, text: str) -> list[tuple[str, tuple[int, int]]]:
         """Pre-tokenizer pieces of `text` with their character offsets (BPE never crosses them)."""

@@ -175,8 +175,12 @@ def test_sse_events_concatenate_to_the_audio_body(client, http, registry):
     assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == audio
     done = events[-1]
     text_tokens = len(registry.default.model.prompts.text_ids(TEXT))
+    usage = done["usage"]
     assert done == {"type": "speech.audio.done", "usage": {
-        "input_tokens": text_tokens, "output_tokens": FRAMES, "total_tokens": text_tokens + FRAMES}}
+        "input_tokens": text_tokens, "output_tokens": FRAMES, "total_tokens": text_tokens + FRAMES,
+        "characters": len(TEXT), "normalized_characters": usage["normalized_characters"],
+        "audio_seconds": FRAMES * 0.08, "frames": FRAMES, "first_audio_s": usage["first_audio_s"]}}
+    assert 0 < usage["first_audio_s"] < 60 and usage["normalized_characters"] in (None, *range(1, 10 * len(TEXT)))
 
 
 @pytest.mark.parametrize("speed", [0.25, 0.5, 2.0, 4.0])

@@ -263,3 +263,81 @@ def test_file_writer_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
         assert Stdout.buffer.getvalue() == to_s16(signal[:CHUNK]).astype("<i2").tobytes()
         w.write(signal[CHUNK:])
     assert Stdout.buffer.getvalue() == to_s16(signal).astype("<i2").tobytes()
+
+
+# -- G.711 (pcmu / pcma): the Realtime API's telephony formats -------------------------------------
+
+from qwen3_tts_gguf.audio_encoding import (  # noqa: E402
+    G711_FORMATS,
+    G711_RATE,
+    alaw_to_s16,
+    s16_to_alaw,
+    s16_to_ulaw,
+    ulaw_to_s16,
+)
+
+# s16 sample -> (mu-law, A-law) code, as Python's audioop (lin2ulaw / lin2alaw, width 2) gives them:
+# zero is 0xFF / 0xD5 (ITU-T G.711's idle codes), full scale 0x80 / 0xAA and 0x00 / 0x2A, and the
+# top 14 (mu-law) or 13 (A-law) bits decide (s16 >> 2, s16 >> 3: -1 is a negative code).
+G711_CODES = {
+    0: (0xFF, 0xD5), 1: (0xFF, 0xD5), 3: (0xFF, 0xD5), 4: (0xFE, 0xD5), 8: (0xFE, 0xD5), -1: (0x7E, 0x55),
+    -8: (0x7E, 0x55), -9: (0x7D, 0x55), 100: (0xF2, 0xD3), -100: (0x72, 0x53), 1000: (0xCE, 0xFA),
+    -1000: (0x4E, 0x7A), 4000: (0xAF, 0x9A), -4000: (0x2F, 0x1A), 8000: (0xA0, 0x8A), -8000: (0x20, 0x0A),
+    16000: (0x90, 0xBA), -16000: (0x10, 0x3A), 32124: (0x80, 0xAA), 32767: (0x80, 0xAA), -32124: (0x00, 0x2A),
+    -32768: (0x00, 0x2A),
+}
+# code -> (mu-law, A-law) decoded s16 (audioop's ulaw2lin / alaw2lin)
+G711_DECODED = {0x00: (-32124, -5504), 0x0F: (-16764, -6784), 0x2A: (-5372, -32256), 0x55: (-716, -8),
+                0x7F: (0, -848), 0x80: (32124, 5504), 0xAA: (5372, 32256), 0xD5: (716, 8), 0xFF: (0, 848)}
+
+
+def test_g711_known_codes() -> None:
+    samples = np.array(list(G711_CODES), np.int16)
+    assert list(s16_to_ulaw(samples)) == [u for u, _ in G711_CODES.values()]
+    assert list(s16_to_alaw(samples)) == [a for _, a in G711_CODES.values()]
+    codes = bytes(G711_DECODED)
+    assert ulaw_to_s16(codes).tolist() == [u for u, _ in G711_DECODED.values()]
+    assert alaw_to_s16(codes).tolist() == [a for _, a in G711_DECODED.values()]
+
+
+def test_g711_equals_audioop_for_every_sample_and_code() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # deprecated since 3.11, removed in 3.13
+        audioop = pytest.importorskip("audioop")
+    every = np.arange(-32768, 32768, dtype=np.int16)
+    assert s16_to_ulaw(every) == audioop.lin2ulaw(every.tobytes(), 2)
+    assert s16_to_alaw(every) == audioop.lin2alaw(every.tobytes(), 2)
+    codes = bytes(range(256))
+    assert ulaw_to_s16(codes).tobytes() == audioop.ulaw2lin(codes, 2)
+    assert alaw_to_s16(codes).tobytes() == audioop.alaw2lin(codes, 2)
+
+
+def test_g711_round_trip_error_is_within_its_segment_step() -> None:
+    every = np.arange(-32768, 32768, dtype=np.int16)
+    bound = np.maximum(16, np.abs(every.astype(np.int64)) // 16)  # 4 mantissa bits per segment
+    for encode_, decode_ in ((s16_to_ulaw, ulaw_to_s16), (s16_to_alaw, alaw_to_s16)):
+        error = np.abs(decode_(encode_(every)).astype(np.int64) - every)
+        assert (error <= bound).all()
+
+
+@pytest.mark.parametrize("fmt", G711_FORMATS)
+def test_g711_streaming_encoder_resamples_to_8k_across_chunks(fmt: str) -> None:
+    import soxr
+
+    signal = tone(440.0, 1.0)
+    parts, tail = encode(fmt, signal)
+    assert sum(1 for p in parts if p) == len(parts)  # bytes with every chunk (soxr's delay is ~6 ms)
+    data = b"".join(parts) + tail
+    assert len(data) == len(signal) * G711_RATE // SR  # one byte per 8 kHz sample, nothing lost at the end
+    whole = StreamingEncoder(fmt, SR)
+    assert whole.encode(signal) + whole.finish() == data  # chunking changes no byte
+    assert whole.mime_type == f"audio/{fmt}"
+    decoded = (ulaw_to_s16 if fmt == "pcmu" else alaw_to_s16)(data) / 32767.0
+    reference = soxr.resample(to_s16(signal) / 32767.0, SR, G711_RATE, quality="HQ")
+    snr = 10 * np.log10(np.sum(reference**2) / np.sum((reference - decoded) ** 2))
+    assert snr > 30  # G.711 gives ~38 dB on a loud tone
+    assert abs(dominant_freq(np.repeat(decoded, SR // G711_RATE)) - 440.0) < 5
+    faster = b"".join(encode(fmt, signal, speed=1.5)[0]) + encode(fmt, signal, speed=1.5)[1]
+    assert abs(len(faster) - len(data) / 1.5) < 200

@@ -225,6 +225,7 @@ def openapi(registry) -> dict:
 EXPECTED_ERRORS = {
     ("post", "/v1/audio/speech"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
     ("get", "/v1/models"): {400, 401},
+    ("get", "/v1/capabilities"): {400, 401},
     ("get", "/v1/models/{model_id}"): {400, 401, 404},
     ("get", "/v1/audio/models"): {400, 401},
     ("get", "/v1/audio/voices"): {400, 401, 404},

@@ -135,8 +135,12 @@ def test_deltas_of_one_to_three_characters_give_the_bytes_of_the_whole_text(serv
     done = events[-1]
     text_tokens = len(registry.default.model.prompts.text_ids(TEXT))
     assert done["finish_reason"] in ("max_frames", "eos")
-    assert done["usage"] == {"input_tokens": text_tokens, "output_tokens": len(audio) // 2 // SAMPLES_PER_FRAME,
-                             "total_tokens": text_tokens + len(audio) // 2 // SAMPLES_PER_FRAME}
+    frames = len(audio) // 2 // SAMPLES_PER_FRAME
+    assert done["usage"] == {"input_tokens": text_tokens, "output_tokens": frames, "total_tokens": text_tokens + frames,
+                             "characters": len(TEXT),
+                             "normalized_characters": done["usage"]["normalized_characters"],  # None unless normalized
+                             "audio_seconds": pytest.approx(len(audio) / 2 / 24000), "frames": frames,
+                             "first_audio_s": done["timings"]["first_audio_s"]}
     assert done["audio_s"] == pytest.approx(len(audio) / 2 / 24000)
     assert done["timings"]["first_audio_s"] > 0 and done["id"] == started["id"]
 

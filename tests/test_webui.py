@@ -134,7 +134,14 @@ def test_speak_as_i_type_speaks_before_the_text_is_finished(page):
     assert request["mode"] == "live" and request["text"] == first + rest
     assert request["samples"] == qtts(page, "q.scheduledSamples") > 0
     assert request["ttfaMs"] > 0 and page.inner_text("#ttfa").endswith(" ms")
-    assert [e["type"] for e in qtts(page, "q.events")] == ["started", "done"]
+    events = qtts(page, "q.events")
+    assert [e["type"] for e in events if e["type"] != "progress"] == ["started", "done"]
+    # the text as it is spoken: progress events shown as the player reaches their audio
+    final = [e for e in events if e["type"] == "progress"][-1]
+    assert final["basis"] == "final"
+    page.wait_for_function("window.__qtts.progress?.basis === 'final'", timeout=WAIT_MS)
+    assert page.inner_text("#spoken .said") == (first + rest)[:final["spoken_end_estimate"]]
+    assert page.inner_text("#spoken") == first + rest
     assert page.input_value("#text") == first + rest  # Enter finished the sentence, it added no newline
     page.wait_for_timeout(300)  # let the spectrum view draw the playing audio
     print(f"screenshot: {screenshot(page, 'webui-console.png')}")

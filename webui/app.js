@@ -2,6 +2,7 @@
 // fetch), "Speak as I type" over the WebSocket /v1/ws, playback and live view from player.js.
 // Tests read window.__qtts (samples scheduled, chunks, time to first audio, requests, errors).
 
+import { SpokenText } from './highlight.js';
 import { Player, SAMPLE_RATE, Scope, s16, wavBlob } from './player.js';
 import { Recorder } from './recorder.js';
 
@@ -17,6 +18,7 @@ const stats = {
   requests: [],          // one entry per request (see newRequest)
   errors: [],            // every error shown
   events: [],            // WebSocket JSON events, in order
+  progress: null,        // the last text-progress event shown (typing mode)
   live: { state: 'off', sentChars: 0, charsAtFirstAudio: null },
   voices: { created: [], deleted: [] }, // POST / DELETE /v1/audio/voices that succeeded
   recording: { state: 'idle', seconds: 0 },
@@ -26,6 +28,7 @@ window.__qtts = stats;
 
 const player = new Player(stats);
 new Scope($('scope'), player);
+const spoken = new SpokenText($('spoken'), player, stats); // typing mode: the text as it is spoken
 
 // The official Qwen3-TTS languages; a model card that lists its own (`languages`) wins.
 const LANGUAGES = ['auto', 'english', 'chinese', 'japanese', 'korean', 'german', 'french', 'russian',
@@ -682,6 +685,8 @@ function onSocketMessage(data) {
       live.pending = '';
       setLiveState('idle');
     }
+  } else if (event.type === 'progress') {
+    if (req && live.state !== 'cancelling') spoken.add(event);
   } else if (event.type === 'done') {
     if (req) {
       req.usage = event.usage;
@@ -697,12 +702,13 @@ function onSocketMessage(data) {
 async function startLive() {
   clearError();
   player.newTake();
+  spoken.reset();
   live.req = newRequest('live', '');
   live.stopAfterStart = false;
   setLiveState('starting');
   try {
     const ws = await connect();
-    ws.send(JSON.stringify({ type: 'start', format: 'pcm', ...speechFields() }));
+    ws.send(JSON.stringify({ type: 'start', format: 'pcm', progress: true, ...speechFields() }));
   } catch (e) {
     if (live.req) { showError({ message: e.message }, 'Connection failed'); finishRequest(live.req, 'error'); }
     live.req = null;
@@ -714,6 +720,7 @@ function sendText(text) {
   const req = live.req;
   if (req.firstTextAt == null) req.firstTextAt = performance.now();
   req.text += text;
+  spoken.setText(req.text);
   stats.live.sentChars += text.length;
   renderRequest(req);
   sendJSON({ type: 'text', text });
