@@ -38,10 +38,13 @@ def _hard_split(sentence: str, max_chars: int) -> list[str]:
 
 
 def split_segments(text: str, max_chars: int) -> list[str]:
-    """Segments of at most max_chars characters (whitespace-trimmed, never empty)."""
-    text = text.strip()
+    """Segments of at most max_chars characters, never blank. A text that fits is one segment exactly as
+    given: the official implementation speaks its leading and trailing whitespace too (so does live
+    text, whose tokens must equal the whole text's). Longer text is cut at sentence ends, and each
+    segment is whitespace-trimmed."""
     if len(text) <= max_chars:
-        return [text] if text else []
+        return [text] if text.strip() else []
+    text = text.strip()
     sentences: list[str] = []
     for s in _pieces(text, _SENTENCE_END):
         sentences.extend(_hard_split(s, max_chars) if len(s) > max_chars else [s])

@@ -183,6 +183,22 @@ def test_text_arriving_in_pieces_gives_the_codes_of_the_whole_text(engines):
     assert stream.result.text_tokens == whole.text_tokens
 
 
+@pytest.mark.parametrize("text", [" Hello there.", "Hello there. Hello there. ", "Hi!\n", " Hi! "])
+def test_whitespace_around_the_text_is_spoken_as_the_official_implementation_does(engines, text):
+    """The official prompt takes the text as given (no strip): a fixed text keeps its leading and
+    trailing whitespace, so it equals the same text arriving live. (Not a leading newline: in the
+    official template it merges into the role's own newline token, which live text cannot know.)"""
+    engine = engines("tiny_cv")
+    whole = run(engine, greedy_request(text, "ryan", "english", text_mode="streaming", frames=24))[0]
+    stream = engine.open_text_stream(greedy_request("", "ryan", "english", frames=24))
+    stream.push_text(text[:4])
+    stream.push_text(text[4:])
+    stream.close_text()
+    list(stream)
+    np.testing.assert_array_equal(stream.result.codes, whole.codes)
+    assert whole.text_tokens == len(engine.model.tokenizer.encode(text))
+
+
 def test_live_text_waits_for_text_and_can_be_cancelled(engines):
     engine = engines("tiny_cv")
     stream = engine.open_text_stream(greedy_request("", "ryan", frames=200))
