@@ -140,6 +140,17 @@ def test_a_stream_of_deltas_yields_the_audio_of_the_whole_text_and_done_with_usa
     assert done.audio_s == pytest.approx(len(reference) / 2 / 24000)
 
 
+def test_progress_events_from_the_server(client):
+    events = list(client.stream_text(iter(deltas()), voice="ryan", seed=SEED, max_frames=FRAMES, progress=True))
+    progress = [e for e in events if isinstance(e, Progress)]
+    assert len(progress) >= 2 and isinstance(events[-1], Done) and events[-2] == progress[-1]
+    assert progress[-1].basis == "final" and {p.basis for p in progress[:-1]} == {"frames_per_token"}
+    fed = [p.text_fed_end for p in progress]
+    assert fed == sorted(fed) and all(0 <= p.spoken_end_estimate <= p.text_fed_end <= len(TEXT) for p in progress)
+    audio_s = sum(len(e.data) for e in events if isinstance(e, Audio)) / 2 / 24000
+    assert progress[-1].audio_end_s == pytest.approx(audio_s, abs=1e-3)
+
+
 def test_step_by_step_on_one_socket_then_asyncio(client, server):
     reference = reference_pcm(client)
     with client.connect() as sock:
