@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from types import ModuleType
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -90,3 +91,21 @@ def usable_cpus() -> int:
 def default_threads(threads: int | None = 0) -> int:
     """`threads` when set (> 0), else `usable_cpus()`: the default of every runtime's thread count."""
     return threads if threads and threads > 0 else usable_cpus()
+
+
+WAIT_POLICY = "PASSIVE"
+"""OpenMP's wait policy for llama.cpp's threads (its CPU backend is built with OpenMP). libgomp's
+default spins at every barrier; when another process takes one of the cores, the spinning thread
+keeps its core while the thread it waits for cannot run, and every barrier of every layer stalls
+(0.6B q8_0, 2 cores: real-time factor 2.9 quiet, 35 with `stress-ng --cpu 2`). PASSIVE waits sleep:
+5.9 under the same load, and no slower on a quiet machine (single stream and 8 streams alike;
+docs/benchmarks.md). An operator's own OMP_WAIT_POLICY wins."""
+
+
+def import_llama() -> ModuleType:
+    """`llama_cpp`, loaded with `WAIT_POLICY` in place: libgomp reads it once, when it is loaded, so
+    every import of llama_cpp in this project goes through here."""
+    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+    import llama_cpp
+
+    return llama_cpp

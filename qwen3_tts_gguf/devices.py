@@ -26,6 +26,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .cpus import import_llama
+
 ONNX_DEVICES = ("cpu", "auto", "cuda", "dml", "coreml", "openvino", "webgpu")
 """What `--device` accepts (onnx_session.DEVICE_PROVIDERS maps each to its execution provider)."""
 
@@ -77,15 +79,14 @@ class LlamaRuntime:
 
 def llama_library_dir() -> Path:
     """The folder llama_cpp loads libllama and libggml from."""
-    import llama_cpp
-
+    llama_cpp = import_llama()
     override = os.environ.get("LLAMA_CPP_LIB_PATH")
     return Path(override) if override else Path(llama_cpp.__file__).resolve().parent / "lib"
 
 
 def _ggml() -> ctypes.CDLL:
     """libggml (the registry), after llama_cpp has loaded it: the same library, so the same registry."""
-    import llama_cpp  # noqa: F401 - loads libllama and its libggml first
+    import_llama()  # loads libllama and its libggml first
 
     folder = llama_library_dir()
     for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
@@ -110,9 +111,9 @@ def _ggml() -> ctypes.CDLL:
 
 def llama_runtime() -> LlamaRuntime:
     """Backends and devices of the llama.cpp this Python loads (the registry is filled on first use)."""
-    import llama_cpp as L
-
     from .talker import quiet_llama_logs
+
+    L = import_llama()
 
     quiet_llama_logs()  # also llama_backend_init
     backends: list[str] = []

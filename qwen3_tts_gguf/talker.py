@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cpus import default_threads
+from .cpus import default_threads, import_llama
 _LOG_CALLBACK = None  # llama.cpp keeps a raw pointer: the ctypes callback must stay alive
 
 # Talker quants whose repacked CPU kernels are faster (0.6B, 2 AVX-512 cores, ms per decode:
@@ -51,8 +51,7 @@ def quiet_llama_logs() -> None:
     global _LOG_CALLBACK
     if _LOG_CALLBACK is not None:
         return
-    import llama_cpp
-
+    llama_cpp = import_llama()
     _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
     llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
@@ -96,7 +95,7 @@ class Talker:
     """A loaded talker GGUF and one llama.cpp context shared by up to `max_streams` streams."""
 
     def __init__(self, gguf_path: str | Path, settings: TalkerSettings = TalkerSettings()):
-        import llama_cpp as L
+        L = import_llama()
 
         quiet_llama_logs()
         self._L = L

@@ -69,3 +69,18 @@ def test_affinity_mask_limits_the_default_threads_of_every_runtime():
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "1"]
+
+
+def test_llama_is_loaded_with_sleeping_waits_unless_the_operator_chose():
+    """libgomp reads OMP_WAIT_POLICY once, when llama_cpp loads it: every load goes through import_llama."""
+    code = ("import os; from qwen3_tts_gguf.talker import quiet_llama_logs; quiet_llama_logs(); "
+            "maps = open('/proc/self/maps').read(); print(os.environ.get('OMP_WAIT_POLICY'), 'libgomp' in maps)")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr
+    policy, gomp = out.stdout.split()
+    assert policy == cpus.WAIT_POLICY == "PASSIVE" and gomp == "True"  # the CPU build here uses OpenMP
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"})
+    assert out.stdout.split()[0] == "ACTIVE"
