@@ -122,7 +122,8 @@ class Metrics:
         if rtf is not None:
             self.real_time_factor.observe(rtf, model=model)
 
-    def render(self, registry: ModelRegistry, *, websocket_sessions: int = 0, draining: bool = False) -> str:
+    def render(self, registry: ModelRegistry, *, websocket_sessions: int = 0, detached_streams: int = 0,
+               draining: bool = False) -> str:
         """The exposition text; engine gauges read now, with the open sockets and the drain state."""
         lines: list[str] = []
         for metric in (self.requests, self.streams, self.audio_seconds, self.first_audio, self.real_time_factor):
@@ -137,6 +138,8 @@ class Metrics:
             lines += [f"{name}{_labels((('model', model),))} {load[key]}" for model, load in loads]
         for name, help, value in (
                 ("qtts_websocket_sessions", "Open WebSocket sessions (sockets).", websocket_sessions),
+                ("qtts_detached_streams", "Resumable /v1/ws streams whose socket was lost, waiting for a resume.",
+                 detached_streams),
                 ("qtts_draining", "1 while the server drains before it stops, else 0.", int(draining))):
             lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge", f"{name} {value}"]
         lines += devices.prometheus_lines()  # how long work waited for a GPU device (none on CPU)
@@ -150,5 +153,7 @@ router = APIRouter()
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus scrape endpoint."""
     state = request.app.state.qtts
+    resume = getattr(request.app.state, "qtts_resume", None)  # api/resume.py, made by the first resumable stream
     return PlainTextResponse(state.metrics.render(state.registry, websocket_sessions=len(PROCESS.sessions),
+                                                  detached_streams=len(resume.detached) if resume else 0,
                                                   draining=PROCESS.draining), media_type=CONTENT_TYPE)

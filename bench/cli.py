@@ -1,5 +1,8 @@
 """`python -m bench [--quick]`: build the inputs, run every measurement, write docs/benchmarks.md.
 
+`python -m bench --only busy`: only the busy-machine block (0.6B headline configuration under
+stress-ng loads, ours and official side by side), merged into the latest saved full results.
+
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
 """
 
@@ -9,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -19,6 +23,26 @@ from pathlib import Path
 
 from .common import CACHE, LONG_FRAMES, OUT, ROOT, wait_for_quiet
 
+# As the bench was started, before anything here loads llama_cpp: `qwen3_tts_gguf.cpus.import_llama` sets the
+# engine's OMP_WAIT_POLICY in the process that loads it (here: converting a model), and the workers must not
+# inherit that: the official pipeline's PyTorch (libgomp too) runs as its users run it.
+LAUNCH_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """A worker's environment: this process's, OMP_WAIT_POLICY as launched, then `extra` (None removes)."""
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if LAUNCH_OMP_WAIT_POLICY is not None:
+        env["OMP_WAIT_POLICY"] = LAUNCH_OMP_WAIT_POLICY
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
 QUANTS = ("f16", "q8_0", "q5_k_m", "q4_k_m")
 CP_PRECISIONS = ("int8", "fp32", "int4")  # the first is the users' default (the converter's default)
 
@@ -28,14 +52,19 @@ MODES = {
                   frames=24, reps=3, warmup=4,
                   concurrency=[1, 2, 4, 8], concurrency_frames=12, concurrency_quants=["q8_0"],
                   official_frames=12, official_reps=1, http_reps=2, quiet_s=2.0, limits_quiet_s=8.0,
-                  latency_reps=3, playback=True, budget_s=270.0),
+                  latency_reps=3, playback=True, budget_s=270.0, busy=False),
     # every quant, 50 frames (4 s of audio, as reference-harness.md §4), a thread sweep, 1.7B too
     "full": dict(shapes=["0.6b", "1.7b"], quants=list(QUANTS), cp_precisions=list(CP_PRECISIONS), threads=[2],
                  sweep_threads=[1], frames=50, reps=5,
                  warmup=4, concurrency=[1, 2, 4, 8], concurrency_frames=32, concurrency_quants=list(QUANTS),
                  official_frames=50, official_reps=3, http_reps=5, quiet_s=8.0, limits_quiet_s=60.0,
-                 latency_reps=5, playback=True, budget_s=None),
+                 latency_reps=5, playback=True, budget_s=None, busy=True),
 }
+# The busy-machine block (bench/busy.py), the same in every mode: fewer frames than the headline runs and one
+# official run per load, because an official run under load takes 80-90 s on 2 cores (RTF ~45); about 12 minutes,
+# its own budget (measured runs only) keeps it under 15.
+BUSY = dict(busy_frames=24, busy_reps=3, busy_official_reps=2, busy_official_loaded_reps=1, busy_old_reps=1,
+            busy_budget_s=780.0, busy_timeout_s=600.0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,13 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-http", action="store_true", help="skip time to first audio through the HTTP server")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md", help="report to write")
     p.add_argument("--no-doc", action="store_true", help="only save the JSON results under bench/out/")
+    p.add_argument("--busy", action="store_true",
+                   help="quick mode: also run the busy-machine block (full mode always runs it): the 0.6B headline "
+                        "configuration under no load, `stress-ng --cpu 1`, `--cpu 2` and `--stream 1`, ours and "
+                        "official alternating, plus ours with the old spinning OpenMP waits (about 12 min)")
+    p.add_argument("--only", choices=["busy"],
+                   help="busy: run only the busy-machine block, merge it into the latest saved full results "
+                        "(bench/out/results-full-*.json) and re-render the report (without a saved full run, only "
+                        "its section of the report is replaced); honours --threads, --quiet-wait, --no-official, "
+                        "--doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
 
 def _plan(args) -> dict:
     mode = "quick" if args.quick else "full"
-    plan = dict(MODES[mode], mode=mode)
+    plan = dict(MODES[mode], **BUSY, mode=mode)
+    if args.busy:
+        plan["busy"] = True
     if args.shapes:
         plan["shapes"] = args.shapes.split(",")
     if args.quants:
@@ -111,13 +151,11 @@ class Session:
 
     def __init__(self, progress: Progress, label: str, kind: str, params: dict, timeout: float = 1800,
                  env: dict | None = None):
-        import os
-
         self.label, self.timeout, self.progress = label, timeout, progress
         self.tail: list[str] = []
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker", "session", kind, json.dumps(params)],
                                      cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1, env={**os.environ, **(env or {})})
+                                     text=True, bufsize=1, env=child_env(env))
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=progress.pump, args=(self.proc.stderr, self.tail), daemon=True).start()
         threading.Thread(target=self._read, daemon=True).start()
@@ -167,7 +205,8 @@ def one_shot(progress: Progress, task: str, params: dict, timeout: float = 1800)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         proc = subprocess.Popen([sys.executable, "-m", "bench.worker", task, json.dumps(params), str(out)],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=child_env())
         tail: list[str] = []
         pump = threading.Thread(target=progress.pump, args=(proc.stderr, tail), daemon=True)
         pump.start()
@@ -215,7 +254,7 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0))
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0)
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -354,6 +393,10 @@ def run(args) -> dict:
                         model_dir=str(head_dir), threads=threads, frames=plan["frames"],
                         reps=plan["http_reps"], quiet_s=plan["quiet_s"]), 1200)
                 bar.update()
+        if plan["busy"]:
+            step("busy machine")
+            results["busy"] = _busy(progress, log, step, plan, threads, official=not args.no_official)
+            bar.update()
         # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
         step("machine limits (again)")
         if budget.allows("machine limits, second measurement", 20):
@@ -365,6 +408,45 @@ def run(args) -> dict:
     results["finished"] = time.time()
     results["loadavg_end"] = machine.loadavg()
     return results
+
+
+def _busy(progress, log, step, plan: dict, threads: int, official: bool) -> dict:
+    """The busy-machine block on the 0.6B headline configuration (q8_0 talker, int8 code predictor)."""
+    from . import busy, prepare
+
+    shape, quant, cp = busy.HEADLINE
+    ckpt, _ = prepare.ensure_checkpoint(shape, log)
+    folder = prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
+    return busy.measure(progress, log, model_dir=str(folder), checkpoint=str(ckpt), threads=threads,
+                        frames=plan["busy_frames"], reps=plan["busy_reps"], official_reps=plan["busy_official_reps"],
+                        official_loaded_reps=plan["busy_official_loaded_reps"], old_reps=plan["busy_old_reps"], quiet_s=plan["quiet_s"], budget_s=plan["busy_budget_s"],
+                        official=official, timeout_s=plan["busy_timeout_s"], step=step)
+
+
+def run_busy_only(args) -> dict:
+    """`--only busy`: the busy-machine block alone; results {"only": "busy", "busy": {...}}."""
+    from tqdm import tqdm
+
+    plan = _plan(args)
+    OUT.mkdir(parents=True, exist_ok=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with tqdm(total=1, unit="block", dynamic_ncols=True) as bar:
+        progress = Progress(bar)
+
+        def step(label: str) -> None:
+            bar.set_description(label)
+            bar.set_postfix_str("")
+
+        block = _busy(progress, bar.write, step, plan, plan["threads"][0], official=not args.no_official)
+        bar.update()
+    return {"only": "busy", "plan": plan, "busy": block, "started": started, "finished": time.time()}
+
+
+def latest_full_results() -> Path | None:
+    """The newest saved full run (file names carry a sortable time stamp)."""
+    saved = sorted(OUT.glob("results-full-*.json"))
+    return saved[-1] if saved else None
 
 
 def _best_limits(runs: list[dict]) -> dict:
@@ -387,9 +469,22 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
-    from .report import render
+    from .report import render, render_busy, splice_busy
 
-    if args.render:
+    if args.only == "busy":
+        results = run_busy_only(args)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        saved = OUT / f"results-busy-{stamp}.json"
+        saved.write_text(json.dumps(results, indent=1))
+        print(f"results: {saved.relative_to(ROOT)} ({(results['finished'] - results['started']) / 60:.1f} min)")
+        full = latest_full_results()
+        if full is not None:  # the block replaces the full run's own (or is added to it)
+            merged = json.loads(full.read_text())
+            merged["busy"] = results["busy"]
+            full.write_text(json.dumps(merged, indent=1))
+            print(f"merged into {full.relative_to(ROOT)}")
+            results = merged
+    elif args.render:
         results = json.loads(args.render.read_text())
     else:
         results = run(args)
@@ -397,6 +492,17 @@ def main(argv: list[str] | None = None) -> int:
         saved = OUT / f"results-{results['plan']['mode']}-{stamp}.json"
         saved.write_text(json.dumps(results, indent=1))
         print(f"results: {saved.relative_to(ROOT)} ({(results['finished'] - results['started']) / 60:.1f} min)")
+    if results.get("only") == "busy":  # no full results to render from: replace this section of the report only
+        section = render_busy(results["busy"], standalone=True)
+        if args.no_doc:
+            print(section)
+            return 0
+        old = args.doc.read_text() if args.doc.exists() else "# Benchmarks\n"
+        args.doc.parent.mkdir(parents=True, exist_ok=True)
+        args.doc.write_text(splice_busy(old, section))
+        print(f"wrote the busy-machine section of {args.doc} (no saved full results under {OUT.relative_to(ROOT)} "
+              "to merge into)")
+        return 0
     text = render(results)
     if args.no_doc:
         print(text)

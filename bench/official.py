@@ -96,4 +96,5 @@ class OfficialSession:
 
         return {"load_s": self.load_s, "rss_loaded_mb": self.rss_loaded, "peak_rss_mb": peak_rss_mb(),
                 "threads": self.threads, "torch": torch.__version__, "dtype": "float32",
-                "torch_threads": torch.get_num_threads(), "pid": os.getpid()}
+                "torch_threads": torch.get_num_threads(), "pid": os.getpid(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}

@@ -282,4 +282,5 @@ class OursSession:
                 "peak_rss_mb": peak_rss_mb(), "threads": self.threads, "quant": m.quant,
                 "predictor_precision": m.code_predictor.get("precision"), "text_mode": TEXT_MODE,
                 "prompt_rows": self.prompt_rows, "warmup_first_audio_s": self.warmup_first_audio_s,
-                "llama_cpp": llama_cpp.__version__, "onnxruntime": onnxruntime.__version__, "pid": os.getpid()}
+                "llama_cpp": llama_cpp.__version__, "onnxruntime": onnxruntime.__version__, "pid": os.getpid(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}

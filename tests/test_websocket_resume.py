@@ -16,6 +16,10 @@ import struct
 import time
 from collections.abc import Iterator
 
+try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -293,6 +297,9 @@ def test_detached_streams_are_bounded(registry):
         cancelled = engine.stats["cancelled"]
         cut(sockets[0])
         eventually(lambda: detached(server) == 1)
+        metrics = httpx.get(f"http://{server.host}:{server.port}/metrics", timeout=10,
+                            headers={"Authorization": f"Bearer {KEY}"}).text
+        assert "qtts_detached_streams 1" in metrics.splitlines()
         cut(sockets[1])  # past the bound: cancelled as a stream that is not resumable
         eventually(lambda: engine.stats["cancelled"] == cancelled + 1)
         ws, reply = resume(server, tokens[1], len(received[1]))

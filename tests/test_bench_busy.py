@@ -1,0 +1,174 @@
+"""The benchmark's busy-machine block without measuring anything: the report section rendered from a
+fake results dict, its splicing into an existing report, the command line, and that a load's
+process group is gone after it is stopped."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+
+from bench import cli
+from bench.busy import StressLoad, _group_members
+from bench.report import render, render_busy, splice_busy
+
+
+def _run(rtf: float, bg: float = 0.0, cores: float = 1.0) -> dict:
+    return {"rtf": rtf, "background": bg, "wall_s": rtf * 1.92, "cpu_s": cores * rtf * 1.92}
+
+
+def _busy(cpu1_ours=(2.3, 2.2), cpu2=((4.0, 4.2), (30.0, 32.0))) -> dict:
+    return {
+        "shape": "0.6b", "quant": "q8_0", "cp": "int8", "threads": 2, "frames": 24, "reps": 2, "official_reps": 2,
+        "old_reps": 1, "old_policy_env": {"OMP_WAIT_POLICY": "ACTIVE"}, "settle_s": 2.0, "date": "2026-12-01 10:00 UTC",
+        "commit": "abcdef123456", "dirty_files": 0, "skipped": [],
+        "loads": {
+            "none": {"what": "nothing else runs", "ours": [_run(2.0, cores=1.75), _run(2.2, cores=1.75)],
+                     "official": [_run(9.0, cores=1.05), _run(9.4, cores=1.07)], "old": [_run(2.1, cores=1.8)],
+                     "errors": []},
+            "cpu1": {"what": "one process", "command": "stress-ng --cpu 1", "load_alone_background": 0.5,
+                     "ours": [_run(x, 0.4) for x in cpu1_ours], "official": [_run(11.0, 0.4), _run(11.0, 0.4)],
+                     "old": [_run(8.4, 0.3)], "errors": [], "stop": {"left": []}},
+            "cpu2": {"what": "two processes", "command": "stress-ng --cpu 2", "load_alone_background": 1.0,
+                     "ours": [_run(x, 0.5) for x in cpu2[0]], "official": [_run(x, 0.5) for x in cpu2[1]],
+                     "old": [_run(70.0, 0.3)], "errors": [], "stop": {"left": []}},
+            "stream1": {"what": "a memory-bandwidth hog", "command": "stress-ng --stream 1",
+                        "load_alone_background": 0.5, "ours": [_run(2.4), _run(2.4)],
+                        "official": [_run(10.0), _run(10.0)], "old": [], "errors": [], "stop": {"left": []}},
+        },
+    }
+
+
+def _table(text: str) -> list[list[str]]:
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in r.strip("|").split("|")] for r in rows]
+
+
+def test_busy_table_rtf_slowdown_and_background():
+    text = render_busy(_busy())
+    assert text.startswith("## Busy machine\n")
+    header, *rows = _table(text)
+    assert header[:6] == ["load", "ours RTF", "ours slowdown", "official RTF", "official slowdown",
+                          "ours with the old spinning waits: RTF (slowdown)"]
+    by_load = {r[0]: r for r in rows}
+    assert set(by_load) == {"none", "`stress-ng --cpu 1`", "`stress-ng --cpu 2`", "`stress-ng --stream 1`"}
+    none, cpu2 = by_load["none"], by_load["`stress-ng --cpu 2`"]
+    assert none[1] == "2.10 (2.00)" and none[2] == "1.00× (baseline)" and none[3] == "9.20 (9.00)"
+    # slowdown = loaded median / unloaded median of the same block
+    assert cpu2[2] == f"{4.1 / 2.1:.2f}×" and cpu2[4] == f"{31.0 / 9.2:.2f}×"
+    assert cpu2[5] == f"70.00 ({70.0 / 2.1:.1f}×)"
+    assert cpu2[6] == "100 %; 50 % / 50 % / 30 %"
+    assert by_load["`stress-ng --stream 1`"][5] == "–"  # the old waits are not measured there
+
+
+def test_busy_targets_reached_and_not():
+    text = render_busy(_busy(cpu1_ours=(2.3, 2.2)))  # 2.25 / 2.1 = 1.07, stream 2.4 / 2.1 = 1.14
+    assert "slowdown ≤ 1.3×. Measured: 1.07× under `stress-ng --cpu 1`, 1.14× under `stress-ng --stream 1`. " \
+           "**Reached.**" in text
+    assert "ours 1.95×, official 3.37×. **Reached.**" in text
+    assert "The lever (OpenMP wait policy)" in text and "RTF 70.00 with spinning waits, 4.10 with sleeping ones" in text
+    assert "What bounds it" not in text
+    assert "Ours kept 1.75 cores busy alone and got 1.00 under this load" in text
+    assert "The official pipeline kept 1.06 busy alone and got 1.00, which explains 1.06× of its 3.37×" in text
+    assert "slower even with no load" not in text  # old waits 2.1 vs 2.1 quiet
+
+
+def test_old_waits_slower_with_no_load_is_explained():
+    busy = _busy()
+    busy["loads"]["none"]["old"] = [_run(3.0, cores=1.97)]
+    text = render_busy(busy)
+    assert "so it is slower even with no load" in text and "kept 1.97 cores busy with no load, against 1.75" in text
+
+    text = render_busy(_busy(cpu1_ours=(3.5, 3.3), cpu2=((40.0, 42.0), (30.0, 32.0))))
+    assert text.count("**Not reached.**") == 2
+    # the bound comes from the cores the runs kept busy: 1.75 with no load, 1.00 beside the load
+    assert "CPU each run kept busy, in cores" in text and "ours 1.75 / 1.00 / 1.00 / 1.00" in text
+    assert "the CPU share alone explains about 1.75×, and ≤ 1.3× needs 1.35 of the 2 cores" in text
+    assert "our run got 1.00 cores instead of the 1.75 it keeps busy alone" in text
+    assert "keeps only 1.06 cores busy with no load" in text
+    assert "its RTF is 31.00, ours 41.00" in text
+
+
+def test_single_runs_show_one_figure_and_the_counts_are_said():
+    busy = _busy()
+    busy.update(official_loaded_reps=1)
+    busy["loads"]["cpu1"]["official"] = [_run(11.0, 0.4)]
+    text = render_busy(busy)
+    row = next(r for r in _table(text) if r[0] == "`stress-ng --cpu 1`")
+    assert row[3] == "11.00" and row[1] == "2.25 (2.20)"
+    assert "(official: 2 with no load, 1 under each load; old waits: 1; a single run shows one figure)" in text
+
+
+def test_busy_skipped_and_failed_rows():
+    text = render_busy({"status": "skipped: `stress-ng` is not installed", "date": "d", "commit": "c"})
+    assert "**Not measured**: skipped: `stress-ng` is not installed." in text
+    busy = _busy()
+    busy["loads"]["cpu2"].update(ours=[], official=[], old=[], errors=["stress-ng exited with 1"])
+    text = render_busy(busy)
+    assert "| `stress-ng --cpu 2` | failed: stress-ng exited with 1 |" in text
+    assert "ours –×, official –× (incomplete)" in text
+
+
+DOC = "# Benchmarks\n\nintro\n\n## 0.6B CustomVoice\n\nx\n\n### sub\n\ny\n\n## Machine limits (measured)\n\nz\n\n" \
+      "## Reproduce\n\nr\n"
+
+
+def test_splice_inserts_then_replaces_keeping_every_section():
+    first = splice_busy(DOC, render_busy(_busy(), standalone=True))
+    assert first.index("## 0.6B") < first.index("## Busy machine") < first.index("## Machine limits")
+    assert "by `python -m bench --only busy`" in first
+    second = splice_busy(first, "## Busy machine\n\nnew figures\n")
+    assert second.count("## Busy machine") == 1 and "new figures" in second and "| load |" not in second
+    assert second.replace("## Busy machine\n\nnew figures\n\n", "") == DOC
+    assert splice_busy("# B\n\ntext\n", "## Busy machine\n\nf\n") == "# B\n\ntext\n\n## Busy machine\n\nf\n\n"
+
+
+def test_full_render_includes_the_section():
+    plan = dict(cli.MODES["full"], **cli.BUSY, mode="full")
+    machine = {"date": "2026-12-01", "commit": "abc", "versions": {}, "cpu": "cpu", "cores": 2, "flags": [],
+               "kernel": "k", "python": "3.11", "ram_gib": 8}
+    text = render({"plan": plan, "machine": machine, "shapes": {}, "busy": _busy()})
+    assert "## Busy machine" in text and "python -m bench --only busy" in text
+
+
+def test_command_line():
+    p = cli.build_parser()
+    assert cli._plan(p.parse_args([]))["busy"] is True
+    assert cli._plan(p.parse_args(["--quick"]))["busy"] is False
+    assert cli._plan(p.parse_args(["--quick", "--busy"]))["busy"] is True
+    assert p.parse_args(["--only", "busy"]).only == "busy"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--only", "everything"])
+    assert "--only" in p.format_help() and "--busy" in p.format_help()
+
+
+def test_workers_get_the_wait_policy_the_bench_was_started_with(monkeypatch):
+    # loading llama_cpp in the orchestrator (a conversion) sets the engine's policy there; the official
+    # pipeline's worker must not inherit it
+    monkeypatch.setattr(cli, "LAUNCH_OMP_WAIT_POLICY", None)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert "OMP_WAIT_POLICY" not in cli.child_env()
+    assert cli.child_env({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.setattr(cli, "LAUNCH_OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert cli.child_env()["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("SOMETHING", "x")
+    assert "SOMETHING" not in cli.child_env({"SOMETHING": None})
+
+
+def test_stopping_a_load_leaves_no_process_of_its_group(tmp_path):
+    # stands in for stress-ng: a parent with a child, both ignoring SIGTERM, so the kill must escalate
+    exe = tmp_path / "fake-stress"
+    exe.write_text("#!/bin/sh\ntrap '' TERM\nsh -c \"trap '' TERM; sleep 60\" &\nsleep 60\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    load = StressLoad(str(exe), ["--cpu", "1"], 60, term_grace_s=0.5)
+    with load:
+        deadline = time.time() + 5
+        while len(_group_members(load.proc.pid)) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        assert load.alive() and len(_group_members(load.proc.pid)) >= 2
+        pgid = load.proc.pid
+    assert load.stopped["left"] == [] and _group_members(pgid) == []
+    assert os.getpgid(os.getpid()) != pgid
