@@ -17,6 +17,7 @@ from typing import get_args
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import realtime, websocket
 from .errors import error_responses
 from .limits import ServerLimits
 from .schemas import MAX_INPUT_CHARS, ResponseFormat
@@ -89,9 +90,9 @@ class Capabilities(BaseModel):
 PROTOCOLS: tuple[Protocol, ...] = (
     Protocol(name="openai-speech", path="/v1/audio/speech", subprotocol=None, version="v1",
              features=["sse", "stream_format", "instructions", "speed", "progress", "text_normalization"]),
-    Protocol(name="qtts", path="/v1/ws", subprotocol="qtts.v1", version="1.1",
+    Protocol(name="qtts", path=websocket.PATH, subprotocol=websocket.SUBPROTOCOL, version="1.1",
              features=["live_text", "resume", "progress", "text_normalization", "usage"]),
-    Protocol(name="openai-realtime", path="/v1/realtime", subprotocol="realtime", version="ga",
+    Protocol(name="openai-realtime", path=realtime.PATH, subprotocol=realtime.SUBPROTOCOL, version="ga",
              features=["input_text_buffer", "audio/pcm", "audio/pcmu", "audio/pcma", "progress",
                        "text_normalization"]),
 )
