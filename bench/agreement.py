@@ -28,12 +28,13 @@ def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))
 
 
-def _talker_run(folder: Path, quant: str, rows: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
+def _talker_run(folder: Path, quant: str, rows: np.ndarray, threads: int,
+                kv_cache: str = "f16") -> tuple[np.ndarray, np.ndarray]:
     """Logits and hidden states after each of the last STEPS+1 rows, decoded one row at a time."""
     from qwen3_tts_gguf.talker import Talker, TalkerSettings, repack_pays
 
     talker = Talker(folder / "talker.gguf", TalkerSettings(n_ctx=512, max_streams=1, threads=threads,
-                                                             repack=repack_pays(quant)))
+                                                             repack=repack_pays(quant), kv_cache=kv_cache))
     try:
         return talker.decode_steps(0, rows, len(rows) - STEPS)
     finally:
@@ -74,6 +75,14 @@ def measure(folders: dict[str, str], threads: int) -> dict:
             "code0_agree": float((logits.argmax(-1) == ref_code0).mean()),
             "logits_rel_rms_median": float(np.median([_rel_rms(a, b) for a, b in zip(logits, ref_logits)])),
         }
+
+    # the KV cache's precision, on the headline talker: q8_0 cells against f16 cells
+    kv_quant = "q8_0" if "q8_0" in talkers else ref_quant
+    f16_cells, _ = (ref_logits, None) if kv_quant == ref_quant else _talker_run(talkers[kv_quant], kv_quant, rows, threads)
+    q8_cells, _ = _talker_run(talkers[kv_quant], kv_quant, rows, threads, kv_cache="q8_0")
+    out["kv_cache"] = {"talker": kv_quant, "q8_0": {
+        "code0_agree": float((q8_cells.argmax(-1) == f16_cells.argmax(-1)).mean()),
+        "logits_rel_rms_median": float(np.median([_rel_rms(a, b) for a, b in zip(q8_cells, f16_cells)]))}}
 
     if "fp32" in predictors:
         n = len(ref_hidden)

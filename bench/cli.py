@@ -2,6 +2,7 @@
 
 `python -m bench --only busy`: only the busy-machine block (0.6B headline configuration under
 stress-ng loads, ours and official side by side), merged into the latest saved full results.
+`python -m bench --only memory`: only the memory block (RSS per part and at 8 streams, per KV cache).
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
 """
@@ -52,13 +53,13 @@ MODES = {
                   frames=24, reps=3, warmup=4,
                   concurrency=[1, 2, 4, 8], concurrency_frames=12, concurrency_quants=["q8_0"],
                   official_frames=12, official_reps=1, http_reps=2, quiet_s=2.0, limits_quiet_s=8.0,
-                  latency_reps=3, playback=True, budget_s=270.0, busy=False),
+                  latency_reps=3, playback=True, budget_s=270.0, busy=False, memory=False),
     # every quant, 50 frames (4 s of audio, as reference-harness.md §4), a thread sweep, 1.7B too
     "full": dict(shapes=["0.6b", "1.7b"], quants=list(QUANTS), cp_precisions=list(CP_PRECISIONS), threads=[2],
                  sweep_threads=[1], frames=50, reps=5,
                  warmup=4, concurrency=[1, 2, 4, 8], concurrency_frames=32, concurrency_quants=list(QUANTS),
                  official_frames=50, official_reps=3, http_reps=5, quiet_s=8.0, limits_quiet_s=60.0,
-                 latency_reps=5, playback=True, budget_s=None, busy=True),
+                 latency_reps=5, playback=True, budget_s=None, busy=True, memory=True),
 }
 # The busy-machine block (bench/busy.py), the same in every mode: fewer frames than the headline runs and one
 # official run per load, because an official run under load takes 80-90 s on 2 cores (RTF ~45); about 12 minutes,
@@ -89,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quick mode: also run the busy-machine block (full mode always runs it): the 0.6B headline "
                         "configuration under no load, `stress-ng --cpu 1`, `--cpu 2` and `--stream 1`, ours and "
                         "official alternating, plus ours with the old spinning OpenMP waits (about 12 min)")
-    p.add_argument("--only", choices=["busy"],
-                   help="busy: run only the busy-machine block, merge it into the latest saved full results "
+    p.add_argument("--only", choices=list(ONLY_BLOCKS),
+                   help="run only one block, merge it into the latest saved full results "
                         "(bench/out/results-full-*.json) and re-render the report (without a saved full run, only "
-                        "its section of the report is replaced); honours --threads, --quiet-wait, --no-official, "
-                        "--doc, --no-doc")
+                        "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
+                        "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
+                        "min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -254,7 +256,7 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0)
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (1 if plan["memory"] else 0)
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -397,6 +399,10 @@ def run(args) -> dict:
             step("busy machine")
             results["busy"] = _busy(progress, log, step, plan, threads, official=not args.no_official)
             bar.update()
+        if plan["memory"]:
+            step("memory")
+            results["memory"] = _memory(progress, threads)
+            bar.update()
         # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
         step("machine limits (again)")
         if budget.allows("machine limits, second measurement", 20):
@@ -423,8 +429,22 @@ def _busy(progress, log, step, plan: dict, threads: int, official: bool) -> dict
                         official=official, timeout_s=plan["busy_timeout_s"], step=step)
 
 
-def run_busy_only(args) -> dict:
-    """`--only busy`: the busy-machine block alone; results {"only": "busy", "busy": {...}}."""
+def _memory(progress, threads: int) -> dict:
+    """The memory block on the 0.6B headline configuration."""
+    from . import busy, memory, prepare
+
+    shape, quant, cp = busy.HEADLINE
+    ckpt, _ = prepare.ensure_checkpoint(shape, progress.bar.write)
+    folder = prepare.ensure_converted(ckpt, shape, quant, cp, threads, progress.bar.write)
+    return memory.measure(progress, str(folder), threads, frames=MEMORY_FRAMES)
+
+
+MEMORY_FRAMES = 24  # frames per stream of the memory block's eight streams
+ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory"}  # --only NAME -> its section of the report
+
+
+def run_only(args) -> dict:
+    """`--only NAME`: one block alone; results {"only": NAME, NAME: {...}}."""
     from tqdm import tqdm
 
     plan = _plan(args)
@@ -438,9 +458,12 @@ def run_busy_only(args) -> dict:
             bar.set_description(label)
             bar.set_postfix_str("")
 
-        block = _busy(progress, bar.write, step, plan, plan["threads"][0], official=not args.no_official)
+        if args.only == "busy":
+            block = _busy(progress, bar.write, step, plan, plan["threads"][0], official=not args.no_official)
+        else:
+            block = _memory(progress, plan["threads"][0])
         bar.update()
-    return {"only": "busy", "plan": plan, "busy": block, "started": started, "finished": time.time()}
+    return {"only": args.only, "plan": plan, args.only: block, "started": started, "finished": time.time()}
 
 
 def latest_full_results() -> Path | None:
@@ -469,18 +492,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
-    from .report import render, render_busy, splice_busy
+    from .report import render, render_busy, render_memory, splice_section
 
-    if args.only == "busy":
-        results = run_busy_only(args)
+    if args.only:
+        results = run_only(args)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        saved = OUT / f"results-busy-{stamp}.json"
+        saved = OUT / f"results-{args.only}-{stamp}.json"
         saved.write_text(json.dumps(results, indent=1))
         print(f"results: {saved.relative_to(ROOT)} ({(results['finished'] - results['started']) / 60:.1f} min)")
         full = latest_full_results()
         if full is not None:  # the block replaces the full run's own (or is added to it)
             merged = json.loads(full.read_text())
-            merged["busy"] = results["busy"]
+            merged[args.only] = results[args.only]
             full.write_text(json.dumps(merged, indent=1))
             print(f"merged into {full.relative_to(ROOT)}")
             results = merged
@@ -492,15 +515,16 @@ def main(argv: list[str] | None = None) -> int:
         saved = OUT / f"results-{results['plan']['mode']}-{stamp}.json"
         saved.write_text(json.dumps(results, indent=1))
         print(f"results: {saved.relative_to(ROOT)} ({(results['finished'] - results['started']) / 60:.1f} min)")
-    if results.get("only") == "busy":  # no full results to render from: replace this section of the report only
-        section = render_busy(results["busy"], standalone=True)
+    if results.get("only"):  # no full results to render from: replace this section of the report only
+        block = results["only"]
+        section = (render_busy if block == "busy" else render_memory)(results[block], standalone=True)
         if args.no_doc:
             print(section)
             return 0
         old = args.doc.read_text() if args.doc.exists() else "# Benchmarks\n"
         args.doc.parent.mkdir(parents=True, exist_ok=True)
-        args.doc.write_text(splice_busy(old, section))
-        print(f"wrote the busy-machine section of {args.doc} (no saved full results under {OUT.relative_to(ROOT)} "
+        args.doc.write_text(splice_section(old, ONLY_BLOCKS[block], section))
+        print(f"wrote the {block} section of {args.doc} (no saved full results under {OUT.relative_to(ROOT)} "
               "to merge into)")
         return 0
     text = render(results)

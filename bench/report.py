@@ -163,6 +163,8 @@ def render(res: dict) -> str:
 
     if res.get("busy"):
         w(render_busy(res["busy"]))
+    if res.get("memory"):
+        w(render_memory(res["memory"]))
 
     # -- machine limits -------------------------------------------------------------------
     L = res.get("machine_limits", {})
@@ -517,6 +519,11 @@ def _render_agreement(w, ag: dict) -> None:
     w("|---|---|---|---|---|")
     for quant, a in ag.get("talker", {}).items():
         w(f"| talker {quant} | talker {ref} | {100 * a['code0_agree']:.1f} % | | {100 * a['logits_rel_rms_median']:.2f} % |")
+    kv = ag.get("kv_cache")
+    if kv and "q8_0" in kv:
+        a = kv["q8_0"]
+        w(f"| talker {kv['talker']}, KV cache q8_0 (the default) | the same talker, KV cache f16 | "
+          f"{100 * a['code0_agree']:.1f} % | | {100 * a['logits_rel_rms_median']:.2f} % |")
     for cp, a in ag.get("code_predictor", {}).items():
         w(f"| code predictor {cp} | code predictor fp32 | {100 * a['first_code_agree']:.1f} % | "
           f"{100 * a['all_codes_agree']:.1f} % | {100 * a['first_logits_rel_rms_median']:.2f} % (first step) |")
@@ -556,15 +563,20 @@ def _cores(runs: list) -> float | None:
     return median([r["cpu_s"] / r["wall_s"] for r in runs if r.get("cpu_s") is not None and r.get("wall_s")])
 
 
+def _block_origin(block: dict, name: str, standalone: bool) -> str:
+    """"Measured on DATE at commit C[ by `python -m bench --only NAME`; ...]" for a block that may run alone."""
+    return (f"Measured on {block.get('date', '?')} at commit `{block.get('commit', '?')}`"
+            + (f" (+{block['dirty_files']} modified tracked files)" if block.get("dirty_files") else "")
+            + (f" by `python -m bench --only {name}`; the rest of this page comes from the run named at its top"
+               if standalone else ""))
+
+
 def render_busy(busy: dict, standalone: bool = False) -> str:
     """The "Busy machine" section (also spliced alone into an existing report by `--only busy`)."""
     out: list[str] = []
     w = out.append
     w("## Busy machine\n")
-    w(f"Measured on {busy.get('date', '?')} at commit `{busy.get('commit', '?')}`"
-      + (f" (+{busy['dirty_files']} modified tracked files)" if busy.get("dirty_files") else "")
-      + (" by `python -m bench --only busy`; the rest of this page comes from the run named at its top" if standalone
-         else "") + ".\n")
+    w(_block_origin(busy, "busy", standalone) + ".\n")
     if busy.get("status"):
         w(f"**Not measured**: {busy['status']}.\n")
         return "\n".join(out) + "\n"
@@ -698,13 +710,57 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-def splice_busy(doc: str, section: str) -> str:
-    """`doc` with its "## Busy machine" section replaced by `section` (inserted before "## Machine limits",
+MEMORY_TARGET_MB = 1536  # the issue's goal: one model for up to 8 streams within 1.5 GB
+MEMORY_PARTS = {"runtimes": "Python, numpy, ONNX Runtime, llama.cpp loaded", "tokenizer_tables":
+                "tokenizer, text tables (memory-mapped; the projection's f32 weights)", "talker":
+                "talker: weights (memory-mapped) + KV cache", "code_predictor": "code predictor graph",
+                "codec": "codec decoder graph"}
+
+
+def render_memory(mem: dict, standalone: bool = False) -> str:
+    """The "Memory" section (also spliced alone into an existing report by `--only memory`)."""
+    out: list[str] = []
+    w = out.append
+    w("## Memory\n")
+    w(_block_origin(mem, "memory", standalone) + f", model `{mem.get('model', '?')}`, {mem.get('threads', 2)} threads.\n")
+    kvs = {k: v for k, v in mem.get("kv", {}).items() if _ok(v.get("parts")) and _ok(v.get("peak"))}
+    if not kvs:
+        w("**Not measured** (the workers failed; see the bench's output).\n")
+        return "\n".join(out) + "\n"
+    w("Resident memory (RSS) as each part is loaded, in the engine's order, each KV-cache precision in a fresh "
+      "process; then the peak of the engine as `serve` runs it (`max_streams` 8) with eight streams at once. "
+      "MiB.\n")
+    names = list(kvs)
+    w("| part | " + " | ".join(f"KV cache {k}" for k in names) + " |")
+    w("|---|" + "---|" * len(names))
+    for part, what in MEMORY_PARTS.items():
+        w(f"| {what} | " + " | ".join(f"{kvs[k]['parts']['shares_mb'].get(part, 0):.0f}" for k in names) + " |")
+    w("| of which the KV cache (computed: cells x layers x K,V x heads x width) | "
+      + " | ".join(f"{kvs[k]['parts']['kv_cache_mb']:.0f} ({kvs[k]['parts']['n_ctx']} cells)" for k in names) + " |")
+    w("| **loaded** | " + " | ".join(f"**{kvs[k]['parts']['loaded_mb']:.0f}**" for k in names) + " |")
+    w(f"| **peak, {kvs[names[0]]['peak']['streams']} streams** | "
+      + " | ".join(f"**{kvs[k]['peak']['peak_mb']:.0f}**" for k in names) + " |")
+    files = kvs[names[0]]["parts"].get("files_mb", {})
+    w("")
+    w("Files on disk: " + ", ".join(f"{n} {mb:.0f}" for n, mb in sorted(files.items())) + " MiB.\n")
+    best = min(kvs[k]["peak"]["peak_mb"] for k in names)
+    weights = sum(mb for n, mb in files.items() if not n.startswith("text_tables"))
+    verdict = "reached" if best <= MEMORY_TARGET_MB else "not reached"
+    w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{verdict}** ({best:.0f} MiB). "
+      + ("" if best <= MEMORY_TARGET_MB else
+         f"The three graphs' weights alone take {weights:.0f} MiB (talker q8_0, code predictor int8, codec fp32); "
+         "the code predictor keeps its int8 weights beside ONNX Runtime's prepacked copy (its kernels need the "
+         "packing: without it one frame took 30x longer), and the KV cache holds 8192 cells for all streams.") + "\n")
+    return "\n".join(out) + "\n"
+
+
+def splice_section(doc: str, title: str, section: str) -> str:
+    """`doc` with its `title` section (a "## " line) replaced by `section` (inserted before "## Machine limits",
     else before "## Reproduce", else appended, when it has none); every other section is kept as it is."""
     lines = doc.splitlines(keepends=True)
     heads = [i for i, line in enumerate(lines) if line.startswith("## ")]
     section = section.rstrip("\n") + "\n\n"
-    start = next((i for i in heads if lines[i].strip() == "## Busy machine"), None)
+    start = next((i for i in heads if lines[i].strip() == title), None)
     if start is not None:
         end = next((i for i in heads if i > start), len(lines))
     else:

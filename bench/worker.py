@@ -2,8 +2,8 @@
 official pipeline, llama.cpp + ONNX Runtime for ours) never mix.
 
 One-shot tasks: `python -m bench.worker TASK PARAMS_JSON OUT_JSON` with TASK machine (bandwidth,
-GFLOP/s), costs (bytes/FLOPs of a model folder), agreement (quantized paths against precise ones)
-or http (the HTTP server).
+GFLOP/s), costs (bytes/FLOPs of a model folder), agreement (quantized paths against precise ones),
+memory (resident memory per part, `bench/memory.py`) or http (the HTTP server).
 
 Sessions: `python -m bench.worker session ours|official PARAMS_JSON` loads a model once, answers
 `{"ready": ...}`, then runs one operation per JSON line read from stdin (`{"op": "single",
@@ -59,6 +59,11 @@ def _one_shot(task: str, params: dict, out: Path) -> int:
             from bench.agreement import measure
 
             result = measure(params["folders"], params["threads"])
+        elif task == "memory":
+            from bench import memory
+
+            args = (params["model_dir"], params["threads"], params["kv_cache"])
+            result = memory.parts(*args) if params["phase"] == "parts" else memory.peak(*args, params["frames"])
         elif task == "http":
             from bench.http_ttfa import run
 

@@ -206,7 +206,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     try:
         model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
-                                                   gpu_layers=args.gpu_layers))
+                                                   gpu_layers=args.gpu_layers, kv_cache=args.kv_cache))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -300,7 +300,9 @@ def _add_cp_precision(p: argparse.ArgumentParser) -> None:
 
 
 def _add_device_args(p: argparse.ArgumentParser) -> None:
+    """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
     from .devices import ONNX_DEVICES, parse_gpu_layers
+    from .talker import KV_CACHE_TYPES
 
     p.add_argument("--device", choices=ONNX_DEVICES, default="cpu",
                    help="ONNX Runtime execution provider for the code predictor and codec, among those installed "
@@ -309,6 +311,9 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-layers", type=parse_gpu_layers, default=0, metavar="N|all",
                    help="talker layers to offload to the GPU, or all (a llama-cpp-python built with Vulkan or "
                         "CUDA: README, GPU backends); refused at start on a build without one (default 0)")
+    p.add_argument("--kv-cache", choices=tuple(KV_CACHE_TYPES), default="q8_0",
+                   help="talker KV cache precision: q8_0 takes half the memory of f16 (agreement: docs/benchmarks.md); "
+                        "--deterministic always uses f32 (default %(default)s)")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

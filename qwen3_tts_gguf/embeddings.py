@@ -18,6 +18,18 @@ TEXT_CACHE_ROWS = 16384  # E_txt rows kept (64 MB at H=1024, 128 MB at H=2048)
 _BLAS = ThreadpoolController()  # finds numpy's BLAS once; limits are then cheap to apply
 
 
+class _StoredRows:
+    """One table of a safetensors file, memory-mapped; indexing returns f32 rows."""
+
+    def __init__(self, file: SafetensorsFile, name: str):
+        self._raw, self._bf16 = file.raw(name), file.dtype_of(name) == "BF16"
+        self.shape = self._raw.shape
+
+    def __getitem__(self, index) -> np.ndarray:
+        rows = np.asarray(self._raw[index])
+        return bf16_to_f32(rows) if self._bf16 else rows.astype(np.float32)
+
+
 class EmbeddingTables:
     """Text and codec embedding rows of one converted model."""
 
@@ -27,18 +39,17 @@ class EmbeddingTables:
         self.fc1_b = self._file["text_fc1.bias"]
         self.fc2_w = self._file["text_fc2.weight"]
         self.fc2_b = self._file["text_fc2.bias"]
-        self.codec = [self._file[f"codec_embedding.{i}"] for i in range(16)]
+        # the codec tables stay memory-mapped in their stored precision: rows become f32 when looked up
+        # (the same values as widening the whole table, without its 140 MB f32 copy at 0.6B)
+        self.codec = [_StoredRows(self._file, f"codec_embedding.{i}") for i in range(16)]
         self.hidden_size = self.codec[0].shape[1]
-        self.text_vocab_size = self._file.shape_of("text_embedding")[0]
+        self._text_table = _StoredRows(self._file, "text_embedding")
+        self.text_vocab_size = self._text_table.shape[0]
         self._text_cache: dict[int, np.ndarray] = {}  # oldest first; bounded (a server runs for weeks)
         self._cache_lock = threading.Lock()  # prompts are built on request threads and on the engine's
 
     def _text_embedding_rows(self, ids: np.ndarray) -> np.ndarray:
-        raw = self._file.raw("text_embedding")
-        rows = np.asarray(raw[ids])
-        if self._file.dtype_of("text_embedding") == "BF16":
-            return bf16_to_f32(rows)
-        return rows.astype(np.float32)
+        return self._text_table[ids]
 
     def _project(self, x: np.ndarray) -> np.ndarray:
         """The projection MLP on one row. One row at a time on purpose: a batched GEMM's rounding

@@ -23,6 +23,7 @@ class EngineSettings:
     device: str = "cpu"  # ONNX Runtime device for code predictor and codec: devices.ONNX_DEVICES (cpu, auto, cuda, ...)
     gpu_layers: int = 0  # llama.cpp talker layers to offload (Vulkan/CUDA builds); -1: all (devices.GPU_LAYERS_ALL)
     chunk_frames: tuple[int, ...] = (1, 2, 4, 8)  # first audio after 1 frame, then growing chunks
+    adaptive_chunks: bool = True  # a chunk goes out early when a player would run dry (chunking.py; not deterministic)
     budget_base_frames: int = 75  # runaway protection: a stream never exceeds
     budget_frames_per_token: int = 12  #   base + per_token * text tokens frames
     max_pending: int = 64  # requests waiting for a slot before submit refuses
@@ -30,6 +31,7 @@ class EngineSettings:
     max_buffered_audio_s: float = 10.0  # audio a stream may have made ahead of its reader before it pauses
     max_segment_chars: int = 1000  # longer input is split at sentence ends (decoder state carries over)
     prefix_cache: int = 4  # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic)
+    kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
 
 
 class LoadedModel:
@@ -52,7 +54,7 @@ class LoadedModel:
         self.prompts = PromptBuilder(self.manifest, self.tokenizer, self.tables)
         self.talker = Talker(self.folder / TALKER_FILE, TalkerSettings(
             n_ctx=settings.n_ctx, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
-            threads=threads,
+            threads=threads, kv_cache=settings.kv_cache,
             gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
             repack=repack_pays(self.manifest.quant, deterministic=settings.deterministic,
                                gpu_layers=settings.gpu_layers)))

@@ -155,6 +155,9 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     # idle ORT threads must not spin: llama.cpp runs right after on the same cores (measured: talker
     # step in the engine loop 38 -> 19 ms, real-time factor 2.00 -> 1.68 on 2 cores)
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # no CPU arena: it kept the codec's largest activations for good (+130 MB resident at 0.6B) and
+    # measured no faster for either graph (docs/benchmarks.md, Memory)
+    opts.enable_cpu_mem_arena = False
     return opts
 
 

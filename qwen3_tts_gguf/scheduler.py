@@ -4,8 +4,9 @@ Each iteration (continuous batching; one stream is the special case):
   1. drop cancelled streams; admit waiting requests into free slots (their prompt rows join step 5);
   2. sample codebook 0 of every stream that can step; EOS or a limit ends a stream (or its segment);
   3. one batched code-predictor call for all of them -> codebooks 1..15 + the next input rows;
-  4. each stream's codec state decodes its pending frames once a chunk is full (1, 2, 4, 8, 8, ...),
-     before the talker step, so a chunk's latency does not include it;
+  4. each stream's codec state decodes its pending frames once a chunk is due (`chunking.py`: the
+     1, 2, 4, 8, 8, ... ramp, or sooner when a player would run dry), before the talker step, so a
+     chunk's latency does not include it;
   5. one multi-sequence talker decode: new prompts and every stream's next row.
 A stream steps only when it can: a live-text stream whose next text row has not arrived, or one
 whose reader is more than `max_buffered_audio_s` behind, keeps its state and waits.
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .chunking import ChunkPlan
 from .codec import CodecState
 from .model import LoadedModel
 from .prompt import ContextLengthExceeded, Prompt, PromptError
@@ -103,7 +105,7 @@ class _Active:
     history: set = field(default_factory=set)  # codebook-0 ids of the current segment
     codes: list = field(default_factory=list)
     pending: list = field(default_factory=list)  # frames not yet decoded to audio
-    chunk_index: int = 0
+    chunks: ChunkPlan | None = None
     decoded_frames: int = 0
     codec_state: CodecState | None = None
     new_prefix: tuple[str, int] | None = None  # (key, rows) to cache after this stream's prefill
@@ -143,6 +145,9 @@ class Engine:
         self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
         self._forget_prefixes = False
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
+        self.clock = time.monotonic
+        """The chunk plans' clock (a test may drive it)."""
+        self._frame_s = model.codec.samples_per_frame / model.codec.sample_rate
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -518,7 +523,9 @@ class Engine:
                 continue
             req = stream.request
             seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
-            act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed))
+            act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed),
+                          chunks=ChunkPlan(self.settings.chunk_frames, self._frame_s,
+                                           adaptive=self.settings.adaptive_chunks and not self.settings.deterministic))
             act.reserved = self._reservation(act)
             if not self._make_room(act.reserved):
                 skipped.append(stream)  # waits until running streams free their cells
@@ -672,6 +679,7 @@ class Engine:
                 self.stats["frames"] += 1
                 act.segment_frames += 1
                 act.text.frame_made(act.segment_frames)
+                act.chunks.frame_made(self.clock())
                 emitted.append(act)
                 limit, reason = self._frame_limit(act)
                 if act.segment_frames >= limit:
@@ -689,8 +697,7 @@ class Engine:
         for act in emitted:
             if act.seq not in self._active or act.stream.cancelled:
                 continue
-            target = self.settings.chunk_frames[min(act.chunk_index, len(self.settings.chunk_frames) - 1)]
-            if len(act.pending) >= target:
+            if act.chunks.due(len(act.pending), self.clock()):
                 try:
                     self._emit_audio(act)
                 except Exception as e:
@@ -727,7 +734,7 @@ class Engine:
 
     def _emit_audio(self, act: _Active) -> None:
         frames = np.stack(act.pending)
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), self.clock()
         reference = act.stream.request.voice.reference
         if act.codec_state is None and reference is not None:
             # the reference frames are the decoder's left context: the first frame already has it
@@ -736,13 +743,14 @@ class Engine:
         if not np.isfinite(wav).all():
             raise FloatingPointError("the codec made non-finite samples")
         act.timings["codec_s"] += time.perf_counter() - t0
+        now = self.clock()
+        act.chunks.emitted(len(frames), now - started, now)
         if act.stream.first_audio_at is None:
             act.stream.first_audio_at = time.monotonic()
         act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=len(frames),
                                    progress=act.text.progress))
         act.decoded_frames += len(frames)
         act.pending = []
-        act.chunk_index += 1
 
     def _finish(self, act: _Active, reason: str, error: str | None = None, flush: bool = True,
                 retryable: bool = False) -> None:

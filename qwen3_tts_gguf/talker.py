@@ -14,12 +14,15 @@ to have no AMX and for a quant whose repacked kernels measured faster.
 from __future__ import annotations
 
 import ctypes
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .cpus import default_threads, import_llama
+
+log = logging.getLogger("qwen3_tts_gguf.talker")
 _LOG_CALLBACK = None  # llama.cpp keeps a raw pointer: the ctypes callback must stay alive
 
 # Talker quants whose repacked CPU kernels are faster (0.6B, 2 AVX-512 cores, ms per decode:
@@ -57,6 +60,25 @@ def quiet_llama_logs() -> None:
     llama_cpp.llama_backend_init()
 
 
+KV_CACHE_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0"}
+"""KV cache precisions of the fast profile -> llama.cpp's ggml type. q8_0 halves the cache (112 -> 60
+KB per cell for the 0.6B talker); its agreement with f16 is in docs/benchmarks.md."""
+
+
+KV_BLOCK = 32  # values per q8_0 block: a quantized cache needs head dimensions that are multiples of it
+
+
+def kv_cache_for(asked: str, head_dim: int) -> str:
+    """The KV cache precision to use: `asked`, or f16 when the heads cannot be cut into q8_0 blocks
+    (the tiny test shapes; every published Qwen3-TTS talker has 128-wide heads)."""
+    if asked not in KV_CACHE_TYPES:
+        raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, got {asked!r}")
+    if asked != "f16" and head_dim % KV_BLOCK:
+        log.info("talker heads are %d wide, not a multiple of %d: KV cache f16 instead of %s", head_dim, KV_BLOCK, asked)
+        return "f16"
+    return asked
+
+
 @dataclass(frozen=True)
 class TalkerSettings:
     """How the talker context is created.
@@ -76,6 +98,7 @@ class TalkerSettings:
     gpu_layers: int = 0  # >0 offloads layers on a CUDA/Vulkan build of llama-cpp-python; -1: all (devices.py)
     deterministic: bool = False
     repack: bool = False  # llama.cpp's extra buffer types (weight repacking); see `repack_pays`
+    kv_cache: str = "q8_0"  # KV_CACHE_TYPES; the deterministic profile always uses f32
 
 
 @dataclass(frozen=True)
@@ -136,12 +159,45 @@ class Talker:
         if settings.deterministic:
             cp.type_k = cp.type_v = L.GGML_TYPE_F32
             cp.flash_attn_type = 0
+        else:
+            self.kv_cache = kv_cache_for(settings.kv_cache, self._head_dim())
+            cp.type_k = cp.type_v = getattr(L, KV_CACHE_TYPES[self.kv_cache])
+            if self.kv_cache != "f16":  # a quantized V cache needs flash attention (the CPU backend has it)
+                cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        self.kv_cache = "f32" if settings.deterministic else self.kv_cache
         self._ctx = L.llama_init_from_model(self._model, cp)
+        if not self._ctx and self.kv_cache not in ("f16", "f32"):
+            # a GPU backend without flash attention for a quantized cache: f16 rather than no talker
+            log.warning("llama.cpp refused a %s KV cache here; using f16", self.kv_cache)
+            self.kv_cache = "f16"
+            cp.type_k = cp.type_v = L.GGML_TYPE_F16
+            cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_AUTO
+            self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx:
             L.llama_model_free(self._model)
             raise TalkerError("llama.cpp could not create a context for the talker")
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(settings.n_batch, self.hidden_size, settings.max_streams)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Size of the KV cache llama.cpp allocated for this context (K and V, every layer, n_ctx cells)."""
+        L = self._L
+        per_value = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[self.kv_cache]  # q8_0: 32 int8 + an f16 scale
+        values = (self.settings.n_ctx * L.llama_model_n_layer(self._model) * 2
+                  * L.llama_model_n_head_kv(self._model) * self._head_dim())
+        return int(values * per_value)
+
+    def _head_dim(self) -> int:
+        L, buf = self._L, ctypes.create_string_buffer(128)
+
+        def meta(key: str) -> str | None:
+            n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+            return buf.value.decode() if n >= 0 else None
+
+        arch = meta("general.architecture") or ""
+        key_length = meta(f"{arch}.attention.key_length")
+        return int(key_length) if key_length else self.hidden_size // L.llama_model_n_head(self._model)
 
     # -- decoding --------------------------------------------------------------------------
     def decode(self, items: list[DecodeItem]) -> tuple[np.ndarray, np.ndarray]:

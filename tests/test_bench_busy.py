@@ -12,7 +12,7 @@ import pytest
 
 from bench import cli
 from bench.busy import StressLoad, _group_members
-from bench.report import render, render_busy, splice_busy
+from bench.report import render, render_busy, splice_section
 
 
 def _run(rtf: float, bg: float = 0.0, cores: float = 1.0) -> dict:
@@ -116,13 +116,13 @@ DOC = "# Benchmarks\n\nintro\n\n## 0.6B CustomVoice\n\nx\n\n### sub\n\ny\n\n## M
 
 
 def test_splice_inserts_then_replaces_keeping_every_section():
-    first = splice_busy(DOC, render_busy(_busy(), standalone=True))
+    first = splice_section(DOC, "## Busy machine", render_busy(_busy(), standalone=True))
     assert first.index("## 0.6B") < first.index("## Busy machine") < first.index("## Machine limits")
     assert "by `python -m bench --only busy`" in first
-    second = splice_busy(first, "## Busy machine\n\nnew figures\n")
+    second = splice_section(first, "## Busy machine", "## Busy machine\n\nnew figures\n")
     assert second.count("## Busy machine") == 1 and "new figures" in second and "| load |" not in second
     assert second.replace("## Busy machine\n\nnew figures\n\n", "") == DOC
-    assert splice_busy("# B\n\ntext\n", "## Busy machine\n\nf\n") == "# B\n\ntext\n\n## Busy machine\n\nf\n\n"
+    assert splice_section("# B\n\ntext\n", "## Busy machine", "## Busy machine\n\nf\n") == "# B\n\ntext\n\n## Busy machine\n\nf\n\n"
 
 
 def test_full_render_includes_the_section():

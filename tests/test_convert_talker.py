@@ -10,7 +10,7 @@ from qwen3_tts_gguf.convert.talker_gguf import gguf_tensor_types, write_talker_g
 from qwen3_tts_gguf.convert.text_tables import write_text_tables
 from qwen3_tts_gguf.embeddings import EmbeddingTables
 from qwen3_tts_gguf.safetensors_io import SafetensorsFile, bf16_to_f32, write_safetensors
-from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings, cpu_has_amx
+from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings, cpu_has_amx, kv_cache_for
 from qwen3_tts_gguf.tokenizer import TextTokenizer, official_pretokenizer
 from tests.reference.runner import load_official, talker_forward, text_rows
 
@@ -86,6 +86,30 @@ def test_quantized_talker_agreement(tiny_cv, tmp_path, quant, record_property):
     record_property(f"{quant}_logit_rel_rms", err)
     assert err < QUANT_REL_RMS[quant], f"{quant}: relative RMS error {err:.4f}"
     talker.close()
+
+
+def test_q8_0_kv_cache_agreement(checkpoint_factory, tmp_path, record_property):
+    """The fast profile's q8_0 KV cache (64-wide heads here) against the official logits, with the
+    f16 cache beside it for scale; heads too narrow for q8_0 blocks fall back to f16."""
+    small = checkpoint_factory("small_cv")
+    ckpt = Checkpoint.open(small)
+    write_talker_gguf(ckpt, tmp_path / "talker.gguf", "f32")
+    rows = np.random.default_rng(3).standard_normal((24, ckpt.config.talker.hidden_size)).astype(np.float32)
+    ref_logits, _ = talker_forward(small, rows)
+    errs = {}
+    for kv in ("f16", "q8_0"):
+        talker = Talker(tmp_path / "talker.gguf", TalkerSettings(n_ctx=128, max_streams=1, kv_cache=kv))
+        assert talker.kv_cache == kv
+        logits, _ = talker.decode_steps(0, rows, 8)
+        talker.close()
+        errs[kv] = max(_rel_rms(a, b) for a, b in zip(logits, ref_logits[7:]))
+        record_property(f"kv_{kv}_logit_rel_rms", errs[kv])
+    assert 0 < errs["q8_0"] < QUANT_REL_RMS["q8_0"], errs
+    assert errs["f16"] < errs["q8_0"], errs  # the cache's rounding is really there
+
+    assert kv_cache_for("q8_0", 16) == "f16" and kv_cache_for("q8_0", 128) == "q8_0"
+    with pytest.raises(ValueError, match="kv_cache"):
+        kv_cache_for("q4_0", 128)
 
 
 @pytest.mark.parametrize("repack", [False, True])

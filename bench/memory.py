@@ -1,0 +1,98 @@
+"""Where the memory goes: resident set size after each part of a model is loaded, then the peak with
+eight streams running (`python -m bench --only memory`, or part of the full run).
+
+Each KV-cache precision is measured in a fresh worker (task `memory`), loading the parts in the
+engine's order: runtimes imported, tokenizer and text tables, talker (weights + KV cache for the
+engine's default context), code predictor, codec; then eight concurrent streams through the
+engine. The KV cache's size is also computed from the talker's shape (`Talker.kv_cache_bytes`), to
+check the measurement.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE, peak_rss_mb, rss_mb
+
+KV_CACHES = ("q8_0", "f16")
+STREAMS = 8
+
+
+def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
+    """RSS (MiB) after each part in the engine's order, and the KV cache's computed size."""
+    import numpy as np  # noqa: F401  (counted in the runtimes' share, as the engine imports them)
+    import onnxruntime  # noqa: F401
+
+    from qwen3_tts_gguf.cpus import default_threads, import_llama
+
+    import_llama()
+    from qwen3_tts_gguf.codec import CodecDecoder
+    from qwen3_tts_gguf.embeddings import EmbeddingTables
+    from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
+    from qwen3_tts_gguf.model import EngineSettings
+    from qwen3_tts_gguf.predictor import CodePredictor
+    from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
+    from qwen3_tts_gguf.talker import Talker, TalkerSettings
+    from qwen3_tts_gguf.tokenizer import TextTokenizer
+
+    folder = Path(model_dir)
+    settings = EngineSettings(threads=threads, max_streams=STREAMS, kv_cache=kv_cache)
+    rss = {"runtimes": rss_mb()}
+    manifest = load_manifest(folder)
+    tables = EmbeddingTables(folder / TEXT_TABLES_FILE)
+    prompts = PromptBuilder(manifest, TextTokenizer(folder, manifest.tokenizer["pretokenizer"]), tables)
+    prompts.build(TEXT, VoiceSpec(speaker=SPEAKER, language=LANGUAGE), TEXT_MODE)
+    rss["tokenizer_tables"] = rss_mb()
+    talker = Talker(folder / TALKER_FILE, TalkerSettings(
+        n_ctx=settings.n_ctx, max_streams=STREAMS, cached_prefixes=settings.prefix_cache,
+        threads=default_threads(threads), kv_cache=kv_cache))
+    rss["talker"] = rss_mb()
+    predictor = CodePredictor(folder / PREDICTOR_FILE, threads=threads)
+    rss["code_predictor"] = rss_mb()
+    codec = CodecDecoder(folder / CODEC_FILE, threads=threads)
+    rss["codec"] = rss_mb()
+    del predictor, codec
+    steps = list(rss)
+    shares = {"runtimes": rss["runtimes"], **{b: rss[b] - rss[a] for a, b in zip(steps, steps[1:])}}
+    files = {p.name: p.stat().st_size / 2**20 for p in folder.iterdir() if p.suffix in (".gguf", ".onnx", ".safetensors")}
+    return {"kv_cache": talker.kv_cache, "n_ctx": settings.n_ctx, "kv_cache_mb": talker.kv_cache_bytes / 2**20,
+            "shares_mb": shares, "loaded_mb": rss["codec"], "files_mb": files}
+
+
+def peak(model_dir: str, threads: int, kv_cache: str, frames: int) -> dict:
+    """The engine as served (LoadedModel, max_streams 8) with eight streams at once: peak RSS (MiB)."""
+    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.prompt import VoiceSpec
+    from qwen3_tts_gguf.request import SynthesisRequest
+    from qwen3_tts_gguf.scheduler import Engine
+
+    model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=STREAMS, kv_cache=kv_cache))
+    loaded = rss_mb()
+    t0 = time.perf_counter()
+    with Engine(model) as engine:
+        streams = [engine.submit(SynthesisRequest(TEXT, VoiceSpec(speaker=SPEAKER, language=LANGUAGE),
+                                                  text_mode=TEXT_MODE, seed=s, max_frames=frames, ignore_eos=True))
+                   for s in range(STREAMS)]
+        for stream in streams:
+            for _ in stream:
+                pass
+    return {"kv_cache": model.talker.kv_cache, "loaded_mb": loaded, "peak_mb": peak_rss_mb(), "streams": STREAMS,
+            "frames": frames, "wall_s": time.perf_counter() - t0}
+
+
+def measure(progress, model_dir: str, threads: int, frames: int) -> dict:
+    """Both KV-cache precisions, each part and peak in its own fresh worker."""
+    from . import machine
+    from .cli import one_shot
+
+    info = machine.describe()
+    out = {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"],
+           "model": Path(model_dir).name, "threads": threads, "kv": {}}
+    for kv in KV_CACHES:
+        progress.bar.set_description(f"memory: KV cache {kv}")
+        out["kv"][kv] = {"parts": one_shot(progress, "memory", {"phase": "parts", "model_dir": model_dir,
+                                                          "threads": threads, "kv_cache": kv}),
+                   "peak": one_shot(progress, "memory", {"phase": "peak", "model_dir": model_dir, "threads": threads,
+                                                         "kv_cache": kv, "frames": frames})}
+    return out

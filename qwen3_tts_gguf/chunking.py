@@ -1,0 +1,77 @@
+"""When a stream's frames go to the codec: a growing chunk ramp, cut short when a player would run dry.
+
+The first chunk is one frame (the lowest time to first audio); later chunks follow the ramp
+(1, 2, 4, 8, 8, ...), because the codec costs less per frame in larger calls. A fixed ramp stalls a
+player that starts at the first chunk whenever generation runs slower than about half of real time
+(a chunk of n frames takes n frames' time to make, while the player holds only the chunks before it).
+So the fast profile also emits whatever is pending as soon as waiting for one more frame could miss
+the moment the player runs out: with a real-time factor below 1 the buffer then grows by
+(1 - RTF) x 80 ms per frame, and the chunks grow back to the ramp's size by themselves.
+
+Chunking never changes the samples beyond the codec's float tolerance: the decoder carries its state
+across calls (`codec.py`). The deterministic profile keeps the fixed ramp so that its bits do not
+depend on timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SAFETY = 1.5
+"""The next frame is assumed to take this many times the usual interval (frame times vary). The
+codec's time per frame is taken from this stream's calls so far, which counts each call's fixed
+cost on every frame: pessimistic for larger chunks."""
+SMOOTHING = 0.3
+"""Weight of the newest measurement in the running estimates."""
+
+
+def _smooth(old: float | None, new: float) -> float:
+    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
+
+
+@dataclass
+class ChunkPlan:
+    """One stream's chunking state. Times are the engine clock's seconds."""
+
+    ramp: tuple[int, ...]
+    frame_s: float  # audio per frame
+    adaptive: bool = True
+    chunks: int = 0  # chunks emitted
+    audio_s: float = 0.0  # audio emitted
+    start: float | None = None  # when the first chunk went out: a player starts playing then
+    frame_interval_s: float | None = None  # time between this stream's frames, smoothed
+    codec_s_per_frame: float | None = None  # this stream's codec time per frame, smoothed
+    _last_frame_at: float | None = None
+
+    @property
+    def target(self) -> int:
+        """Frames the ramp asks for in the next chunk."""
+        return self.ramp[min(self.chunks, len(self.ramp) - 1)]
+
+    def frame_made(self, now: float) -> None:
+        if self._last_frame_at is not None:
+            self.frame_interval_s = _smooth(self.frame_interval_s, now - self._last_frame_at)
+        self._last_frame_at = now
+
+    def due(self, pending: int, now: float) -> bool:
+        """Should the `pending` frames go to the codec now?"""
+        if pending <= 0:
+            return False
+        if pending >= self.target:
+            return True
+        if not self.adaptive or self.start is None or self.frame_interval_s is None:
+            return False
+        runs_dry_at = self.start + self.audio_s
+        next_chance = SAFETY * self.frame_interval_s + (self.codec_s_per_frame or 0.0) * (pending + 1)
+        return now + next_chance >= runs_dry_at
+
+    def emitted(self, frames: int, codec_s: float, now: float) -> None:
+        """`frames` went out in one codec call of `codec_s` seconds that ended at `now`."""
+        if self.start is None:
+            self.start = now
+        self.audio_s += frames * self.frame_s
+        self.chunks += 1
+        self.codec_s_per_frame = _smooth(self.codec_s_per_frame, codec_s / frames)
+
+
+__all__ = ["ChunkPlan"]

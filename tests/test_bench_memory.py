@@ -1,0 +1,46 @@
+"""The bench's memory block: the real measurement on a small model, and its section of the report."""
+
+from __future__ import annotations
+
+from bench import cli, memory
+from bench.report import MEMORY_PARTS, render_memory, splice_section
+
+
+def test_parts_and_peak_measure_a_real_model(tiny_cv_f32):
+    parts = memory.parts(str(tiny_cv_f32), 1, "q8_0")
+    assert parts["kv_cache"] == "f16"  # 16-wide heads cannot hold q8_0 blocks
+    assert list(parts["shares_mb"]) == list(MEMORY_PARTS)
+    assert parts["shares_mb"]["runtimes"] > 20 and parts["kv_cache_mb"] > 0
+    assert parts["loaded_mb"] >= sum(parts["shares_mb"].values()) - 1
+    peak = memory.peak(str(tiny_cv_f32), 1, "q8_0", frames=4)
+    assert peak["peak_mb"] >= peak["loaded_mb"] > 0 and peak["streams"] == 8
+
+
+def _block(peaks=(2100.0, 2500.0)):
+    kv = {}
+    for name, peak in zip(memory.KV_CACHES, peaks):
+        kv[name] = {"parts": {"kv_cache": name, "n_ctx": 8192, "kv_cache_mb": 476.0 if name == "q8_0" else 896.0,
+                              "shares_mb": {"runtimes": 65, "tokenizer_tables": 92, "talker": 931, "code_predictor": 398,
+                                            "codec": 472}, "loaded_mb": 1958,
+                              "files_mb": {"talker.gguf": 453, "code_predictor.onnx": 252, "codec_decoder.onnx": 435,
+                                           "text_tables.safetensors": 672}},
+                    "peak": {"peak_mb": peak, "loaded_mb": 2000, "streams": 8}}
+    return {"date": "d", "commit": "c", "model": "m", "threads": 2, "kv": kv}
+
+
+def test_the_section_names_each_part_and_the_target():
+    text = render_memory(_block())
+    assert "| **peak, 8 streams** | **2100** | **2500** |" in text
+    assert "476 (8192 cells)" in text and "**not reached** (2100 MiB)" in text
+    assert "weights alone take 1140 MiB" in text
+    assert "**reached** (1400 MiB)" in render_memory(_block((1400.0, 1800.0)))
+    assert "Not measured" in render_memory({"kv": {"q8_0": {"parts": {"error": "x"}, "peak": {}}}})
+    doc = splice_section("# B\n\n## Machine limits\n\nx\n", "## Memory", render_memory(_block(), standalone=True))
+    assert doc.index("## Memory") < doc.index("## Machine limits") and "--only memory" in doc
+
+
+def test_command_line_runs_the_block_in_full_mode_only():
+    p = cli.build_parser()
+    assert cli._plan(p.parse_args([]))["memory"] is True
+    assert cli._plan(p.parse_args(["--quick"]))["memory"] is False
+    assert p.parse_args(["--only", "memory"]).only == "memory"

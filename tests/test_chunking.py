@@ -1,0 +1,124 @@
+"""Chunk sizes that keep a real-time player fed: the plan alone (simulated generation speeds) and the
+engine on a driven clock (its chunks against a player that starts at the first one; the samples
+unchanged)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qwen3_tts_gguf.chunking import ChunkPlan
+from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+from qwen3_tts_gguf.prompt import VoiceSpec
+from qwen3_tts_gguf.request import SynthesisRequest
+from qwen3_tts_gguf.scheduler import Engine
+
+RAMP = (1, 2, 4, 8)
+FRAME_S = 0.08
+
+
+def stalls(arrivals: list[tuple[float, int]]) -> int:
+    """Chunks (arrival time, frames) that arrive after a player that started at the first chunk and
+    plays at real time has run out of audio."""
+    start, played, count = arrivals[0][0], 0.0, 0
+    for at, frames in arrivals:
+        if at > start + played + 1e-9:
+            count += 1
+            start = at - played  # the player waits, then plays on
+        played += frames * FRAME_S
+    return count
+
+
+def simulate(rtf: float, adaptive: bool, frames: int = 375, jitter: float = 0.0, seed: int = 0):
+    """A stream made at `rtf` (codec calls included: 6 ms each plus 10 ms per frame) -> arrivals, RTF."""
+    rng = np.random.default_rng(seed)
+    codec = lambda n: 0.006 + 0.010 * n  # noqa: E731
+    step = rtf * FRAME_S - codec(RAMP[-1]) / RAMP[-1]  # talker + code predictor per frame
+    plan, t, pending, arrivals = ChunkPlan(RAMP, FRAME_S, adaptive=adaptive), 0.0, 0, []
+    for i in range(frames):
+        t += step * (1 + jitter * rng.uniform(-1, 1))
+        plan.frame_made(t)
+        pending += 1
+        if plan.due(pending, t) or i == frames - 1:
+            t += codec(pending)
+            plan.emitted(pending, codec(pending), t)
+            arrivals.append((t, pending))
+            pending = 0
+    return arrivals, t / (frames * FRAME_S)
+
+
+@pytest.mark.parametrize("rtf", [0.3, 0.55, 0.7, 0.8, 0.89])
+@pytest.mark.parametrize("jitter", [0.0, 0.25])
+def test_a_30_s_text_plays_without_a_stall_below_rtf_0_9(rtf, jitter):
+    arrivals, measured = simulate(rtf, adaptive=True, jitter=jitter)
+    assert measured < 0.9 + 0.05
+    assert stalls(arrivals) == 0
+    sizes = [n for _, n in arrivals]
+    assert sizes[0] == 1 and max(sizes) <= RAMP[-1]
+    if rtf <= 0.3:  # fast enough: full chunks after a few
+        assert RAMP[-1] in sizes[:5]
+
+
+@pytest.mark.parametrize("rtf", [0.55, 0.7, 0.89])
+def test_the_fixed_ramp_stalls_above_half_real_time(rtf):
+    """What the adaptive plan is for (and proof that `stalls` can see a stall)."""
+    arrivals, _ = simulate(rtf, adaptive=False)
+    assert stalls(arrivals) > 0
+
+
+def test_chunks_grow_back_as_the_buffer_grows():
+    arrivals, _ = simulate(0.8, adaptive=True)
+    sizes = [n for _, n in arrivals]
+    assert sizes[1] == 1  # at first, each frame goes out as it is made
+    assert sizes[-10:-1] == [RAMP[-1]] * 9  # later the buffer covers full chunks
+
+
+class DrivenClock:
+    """The engine's clock, advanced by the wrapped model calls rather than by real time."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run_on_driven_clock(folder, adaptive: bool, rtf: float, frames: int = 48):
+    model = LoadedModel(folder, EngineSettings(max_streams=1, threads=1, prefix_cache=0, adaptive_chunks=adaptive))
+    engine = Engine(model)
+    clock = engine.clock = DrivenClock()
+    talker_decode, codec_decode = model.talker.decode, model.codec.decode
+    codec_cost = lambda n: 0.006 + 0.010 * n  # noqa: E731
+    arrivals = []
+
+    def decode(items):
+        clock.now += rtf * FRAME_S - codec_cost(8) / 8
+        return talker_decode(items)
+
+    def codec(codes, state=None):
+        clock.now += codec_cost(len(codes))
+        arrivals.append((clock.now, len(codes)))
+        return codec_decode(codes, state)
+
+    model.talker.decode, model.codec.decode = decode, codec
+    request = SynthesisRequest("Hello world, this is a chunking test.", VoiceSpec(speaker="ryan", language="english"),
+                               seed=5, max_frames=frames, ignore_eos=True)
+    with engine:
+        stream = engine.submit(request)
+        chunks = list(stream)
+    model.close()
+    wav = np.concatenate([c.samples for c in chunks])
+    assert [c.n_frames for c in chunks] == [n for _, n in arrivals]
+    return arrivals, stream.result.codes, wav
+
+
+def test_engine_chunks_keep_a_player_fed_and_the_samples_equal(tiny_cv_f32):
+    """Fast profile at 0.8 of real time on a driven clock: the fixed ramp stalls, the engine's plan
+    does not; codes equal, and the audio equals within the codec's chunking tolerance."""
+    arrivals, codes, wav = _run_on_driven_clock(tiny_cv_f32, adaptive=True, rtf=0.8)
+    fixed_arrivals, fixed_codes, fixed_wav = _run_on_driven_clock(tiny_cv_f32, adaptive=False, rtf=0.8)
+    assert stalls(fixed_arrivals) > 0
+    assert stalls(arrivals) == 0
+    assert [n for _, n in arrivals] != [n for _, n in fixed_arrivals]
+    np.testing.assert_array_equal(codes, fixed_codes)
+    np.testing.assert_allclose(wav, fixed_wav, atol=1e-4)
