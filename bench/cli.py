@@ -3,6 +3,7 @@
 `python -m bench --only busy`: only the busy-machine block (0.6B headline configuration under
 stress-ng loads, ours and official side by side), merged into the latest saved full results.
 `python -m bench --only memory`: only the memory block (RSS per part and at 8 streams, per KV cache).
+`python -m bench --only overlap`: only the codec-overlap block (codec inline vs on its own thread).
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
 """
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(bench/out/results-full-*.json) and re-render the report (without a saved full run, only "
                         "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
                         "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
-                        "min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
+                        "min); overlap, the codec inline against on its own thread (about 5 min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -256,7 +257,7 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (1 if plan["memory"] else 0)
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (2 if plan["memory"] else 0)
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -403,6 +404,9 @@ def run(args) -> dict:
             step("memory")
             results["memory"] = _memory(progress, threads)
             bar.update()
+            step("codec overlap")
+            results["overlap"] = _overlap(threads, plan["quiet_s"])
+            bar.update()
         # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
         step("machine limits (again)")
         if budget.allows("machine limits, second measurement", 20):
@@ -439,8 +443,21 @@ def _memory(progress, threads: int) -> dict:
     return memory.measure(progress, str(folder), threads, frames=MEMORY_FRAMES)
 
 
+def _overlap(threads: int, quiet_s: float) -> dict:
+    """The codec-overlap block: codec inline against on its own thread (bench.experiments.codec_overlap)."""
+    from . import experiments, machine
+
+    info = machine.describe()
+    res = experiments.codec_overlap(argparse.Namespace(shape="0.6b", threads=threads, frames=OVERLAP_FRAMES,
+                                                       rounds=OVERLAP_ROUNDS, quiet_wait=quiet_s))
+    return {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"], "threads": threads,
+            "frames": OVERLAP_FRAMES, "rounds": OVERLAP_ROUNDS, **res}
+
+
 MEMORY_FRAMES = 24  # frames per stream of the memory block's eight streams
-ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory"}  # --only NAME -> its section of the report
+OVERLAP_FRAMES, OVERLAP_ROUNDS = 32, 5
+ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory", "overlap": "## Codec overlap"}
+"""--only NAME -> its section of the report"""
 
 
 def run_only(args) -> dict:
@@ -460,8 +477,10 @@ def run_only(args) -> dict:
 
         if args.only == "busy":
             block = _busy(progress, bar.write, step, plan, plan["threads"][0], official=not args.no_official)
-        else:
+        elif args.only == "memory":
             block = _memory(progress, plan["threads"][0])
+        else:
+            block = _overlap(plan["threads"][0], plan["quiet_s"])
         bar.update()
     return {"only": args.only, "plan": plan, args.only: block, "started": started, "finished": time.time()}
 
@@ -492,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
-    from .report import render, render_busy, render_memory, splice_section
+    from .report import render, render_busy, render_memory, render_overlap, splice_section
 
     if args.only:
         results = run_only(args)
@@ -517,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"results: {saved.relative_to(ROOT)} ({(results['finished'] - results['started']) / 60:.1f} min)")
     if results.get("only"):  # no full results to render from: replace this section of the report only
         block = results["only"]
-        section = (render_busy if block == "busy" else render_memory)(results[block], standalone=True)
+        renderer = {"busy": render_busy, "memory": render_memory, "overlap": render_overlap}[block]
+        section = renderer(results[block], standalone=True)
         if args.no_doc:
             print(section)
             return 0

@@ -1,10 +1,11 @@
 """Prototypes of engine changes, measured on the benchmark models (not part of `python -m bench`).
 
     python -m bench.experiments engine-knobs [--rounds 6]   # llama.cpp repack, OMP wait, threads
+    python -m bench.experiments codec-overlap [--rounds 6]  # codec inline vs on its own thread
     python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
 
-Nothing here changes the engine: variants patch a worker process (`ours._with_llama_repack`) or
+Nothing here changes the engine: variants pass EngineSettings fields, patch a worker process (`ours._with_llama_repack`) or
 set environment variables. (ONNX Runtime's threads no longer spin in the engine itself.) Variants alternate round by round so they share the background load of
 this machine; medians and best runs are printed as markdown and saved under bench/out/.
 """
@@ -36,18 +37,38 @@ def _table(rows: list[list], header: list[str]) -> str:
 
 
 def engine_knobs(args) -> dict:
-    from tqdm import tqdm
-
-    from .cli import Progress, Session
-
-    model = _model_dir(args.shape, "q8_0")
-    base = dict(model_dir=str(model), frames=args.frames, warmup_frames=4, concurrency_frames=args.frames)
-    variants = {
+    base = _session_base(args)
+    return _compare(args, {
         "default, 2 threads": (dict(base, threads=2), {}),
         "llama.cpp repack, 2 threads": (dict(base, threads=2, llama_repack=True), {}),
         "OMP_WAIT_POLICY=PASSIVE, 2 threads": (dict(base, threads=2), {"OMP_WAIT_POLICY": "PASSIVE"}),
         "default, 1 thread": (dict(base, threads=1), {}),
-    }
+    })
+
+
+def codec_overlap(args) -> dict:
+    """The codec on the engine thread against the codec on its own thread (1 ONNX Runtime thread, or
+    as many as the talker's)."""
+    base = dict(_session_base(args), threads=args.threads)
+    return _compare(args, {
+        "codec inline (one thread of work)": (dict(base, engine={"codec_overlap": False}), {}),
+        "codec overlapped, 1 codec thread": (dict(base, engine={"codec_overlap": True, "codec_threads": 1}), {}),
+        "codec overlapped, as many codec threads (default)": (dict(base, engine={"codec_overlap": True}), {}),
+    })
+
+
+def _session_base(args) -> dict:
+    model = _model_dir(args.shape, "q8_0")
+    return dict(model_dir=str(model), frames=args.frames, warmup_frames=4, concurrency_frames=args.frames)
+
+
+def _compare(args, variants: dict) -> dict:
+    """Worker sessions per variant (params, environment), single-stream runs alternating round by
+    round, then eight streams each: a markdown table of medians (best runs)."""
+    from tqdm import tqdm
+
+    from .cli import Progress, Session
+
     runs: dict[str, list] = {k: [] for k in variants}
     conc: dict[str, dict] = {}
     with tqdm(total=len(variants) * (args.rounds + 2), unit="run") as bar:
@@ -169,14 +190,15 @@ def codec_batch(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=("engine-knobs", "cp-quant", "codec-batch"))
+    p.add_argument("experiment", choices=("engine-knobs", "codec-overlap", "cp-quant", "codec-batch"))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--shape", default="0.6b")
     p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")
     args = p.parse_args(argv)
-    fn = {"engine-knobs": engine_knobs, "cp-quant": cp_quant, "codec-batch": codec_batch}[args.experiment]
+    fn = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
+          "codec-batch": codec_batch}[args.experiment]
     started = time.time()
     result = fn(args)
     result.update(experiment=args.experiment, args=vars(args), started=started, finished=time.time())

@@ -93,7 +93,8 @@ def playback_report(arrivals: list[tuple[float, float]]) -> dict:
 class OursSession:
     def __init__(self, model_dir: str, threads: int, frames: int, warmup_frames: int,
                  concurrency_frames: int, max_streams: int = 8,
-                 predictor_file: str | None = None, llama_repack: bool = False, progress=None):
+                 predictor_file: str | None = None, llama_repack: bool = False, progress=None,
+                 engine: dict | None = None):
         from qwen3_tts_gguf.model import EngineSettings, LoadedModel
         from qwen3_tts_gguf.prompt import VoiceSpec
         from qwen3_tts_gguf.scheduler import Engine
@@ -104,7 +105,8 @@ class OursSession:
         self.frames, self.concurrency_frames, self.threads = frames, concurrency_frames, threads
         self.progress = progress or (lambda m: None)
         t0 = time.perf_counter()
-        self.model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=max_streams))
+        # engine: more EngineSettings fields (bench.experiments variants)
+        self.model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=max_streams, **(engine or {})))
         self.load_s = time.perf_counter() - t0
         if predictor_file:  # prototype: another code-predictor graph (e.g. MatMulNBits int8), same I/O
             from qwen3_tts_gguf.predictor import CodePredictor

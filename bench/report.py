@@ -165,6 +165,8 @@ def render(res: dict) -> str:
         w(render_busy(res["busy"]))
     if res.get("memory"):
         w(render_memory(res["memory"]))
+    if res.get("overlap"):
+        w(render_overlap(res["overlap"]))
 
     # -- machine limits -------------------------------------------------------------------
     L = res.get("machine_limits", {})
@@ -751,6 +753,33 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
          f"The three graphs' weights alone take {weights:.0f} MiB (talker q8_0, code predictor int8, codec fp32); "
          "the code predictor keeps its int8 weights beside ONNX Runtime's prepacked copy (its kernels need the "
          "packing: without it one frame took 30x longer), and the KV cache holds 8192 cells for all streams.") + "\n")
+    return "\n".join(out) + "\n"
+
+
+def render_overlap(block: dict, standalone: bool = False) -> str:
+    """The "Codec overlap" section (also spliced alone into an existing report by `--only overlap`)."""
+    out: list[str] = []
+    w = out.append
+    w("## Codec overlap\n")
+    w(_block_origin(block, "overlap", standalone) + f": 0.6B, talker q8_0, code predictor int8, "
+      f"{block.get('threads', 2)} threads, {block.get('frames')} frames per utterance, {block.get('rounds')} rounds "
+      "with the variants alternating, each in its own worker; then eight concurrent streams each.\n")
+    w("*Inline*: the engine thread calls the codec between the code predictor and the talker step, so the three "
+      "stages add up. *Overlapped*: the codec runs on a thread of its own while the talker and code predictor make "
+      "the next frames (a stream's first chunk still goes inline, for first audio). The samples are the same "
+      "either way (the codec carries its state; the tests hold chunked audio to one whole decode).\n")
+    w(block.get("markdown", "**Not measured.**"))
+    runs, conc = block.get("runs", {}), block.get("concurrency", {})
+    inline = next((k for k in runs if "inline" in k), None)
+    default = next((k for k in runs if "(default)" in k), None)
+    if inline and default and runs[inline] and runs[default]:
+        a, b = median([r["rtf"] for r in runs[inline]]), median([r["rtf"] for r in runs[default]])
+        line = f"\nThe default (overlapped) against inline: one stream's RTF {a:.2f} → {b:.2f} ({100 * (b / a - 1):+.0f} %)"
+        ca, cb = (conc.get(inline) or {}).get("aggregate_rtf"), (conc.get(default) or {}).get("aggregate_rtf")
+        if ca and cb:
+            line += f"; eight streams' aggregate RTF {ca:.2f} → {cb:.2f} ({100 * (cb / ca - 1):+.0f} %)"
+        w(line + ".")
+    w("")
     return "\n".join(out) + "\n"
 
 

@@ -23,6 +23,8 @@ class EngineSettings:
     device: str = "cpu"  # ONNX Runtime device for code predictor and codec: devices.ONNX_DEVICES (cpu, auto, cuda, ...)
     gpu_layers: int = 0  # llama.cpp talker layers to offload (Vulkan/CUDA builds); -1: all (devices.GPU_LAYERS_ALL)
     chunk_frames: tuple[int, ...] = (1, 2, 4, 8)  # first audio after 1 frame, then growing chunks
+    codec_overlap: bool = True  # the codec on its own thread beside talker and predictor (2+ threads; not deterministic)
+    codec_threads: int = 0  # the codec's ONNX Runtime threads; 0: as many as `threads` (measured best overlapped too)
     adaptive_chunks: bool = True  # a chunk goes out early when a player would run dry (chunking.py; not deterministic)
     budget_base_frames: int = 75  # runaway protection: a stream never exceeds
     budget_frames_per_token: int = 12  #   base + per_token * text tokens frames
@@ -58,9 +60,11 @@ class LoadedModel:
             gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
             repack=repack_pays(self.manifest.quant, deterministic=settings.deterministic,
                                gpu_layers=settings.gpu_layers)))
+        self.codec_overlap = settings.codec_overlap and not settings.deterministic and threads >= 2
+        codec_threads = settings.codec_threads or threads
         try:
             self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads, device=settings.device)
-            self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads, device=settings.device)
+            self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=codec_threads, device=settings.device)
         except Exception as e:  # onnxruntime raises its own exception types for corrupt graphs
             self.talker.close()
             raise ModelFolderError(f"{self.folder}: cannot load the ONNX graphs ({e})") from e

@@ -6,7 +6,10 @@ Each iteration (continuous batching; one stream is the special case):
   3. one batched code-predictor call for all of them -> codebooks 1..15 + the next input rows;
   4. each stream's codec state decodes its pending frames once a chunk is due (`chunking.py`: the
      1, 2, 4, 8, 8, ... ramp, or sooner when a player would run dry), before the talker step, so a
-     chunk's latency does not include it;
+     chunk's latency does not include it. In the fast profile on two or more threads the codec runs
+     on a thread of its own (`LoadedModel.codec_overlap`) while the talker and code predictor make
+     the next frames: one call in flight per stream, in order; frames due meanwhile join the next call;
+     a stream's result follows its last chunk through the same thread;
   5. one multi-sequence talker decode: new prompts and every stream's next row.
 A stream steps only when it can: a live-text stream whose next text row has not arrived, or one
 whose reader is more than `max_buffered_audio_s` behind, keeps its state and waits.
@@ -53,6 +56,9 @@ HEAD_BYPASS_LIMIT = 4
 """Admissions that may pass a waiting stream too large for the free KV cells; then the engine
 admits nothing else until it fits (small requests never wait behind a large one for long, and a
 large one is never starved)."""
+MAX_PENDING_FRAMES = 16
+"""A stream with this many frames waiting for the codec (its call on the codec thread still running)
+makes no more until they are decoded: one codec call never grows past it."""
 MIN_SEGMENT_CHARS = 16
 """A segment is split no further than this to make it fit the context."""
 
@@ -108,6 +114,8 @@ class _Active:
     chunks: ChunkPlan | None = None
     decoded_frames: int = 0
     codec_state: CodecState | None = None
+    codec_busy: bool = False  # a codec call of this stream is queued or running on the codec thread
+    codec_fault: BaseException | None = None  # that call failed: the engine ends the stream
     new_prefix: tuple[str, int] | None = None  # (key, rows) to cache after this stream's prefill
     timings: dict = field(default_factory=lambda: {"talker_s": 0.0, "predictor_s": 0.0, "codec_s": 0.0})
 
@@ -145,6 +153,8 @@ class Engine:
         self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
         self._forget_prefixes = False
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
+        self._codec_pool: ThreadPoolExecutor | None = None  # the overlapped codec: one thread, jobs in order
+        self._primed_lock = threading.Lock()
         self.clock = time.monotonic
         """The chunk plans' clock (a test may drive it)."""
         self._frame_s = model.codec.samples_per_frame / model.codec.sample_rate
@@ -155,6 +165,8 @@ class Engine:
             self._stopping = False
             self._failure = None
             self._prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-prompts")
+            if self.model.codec_overlap and self._codec_pool is None:
+                self._codec_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-codec")
             self._thread = threading.Thread(target=self._worker, name="qwen3-tts-engine", daemon=True)
             self.heartbeat = time.monotonic()
             self._thread.start()
@@ -170,6 +182,9 @@ class Engine:
         if self._prompt_pool is not None:
             self._prompt_pool.shutdown(wait=False, cancel_futures=True)
             self._prompt_pool = None
+        if self._codec_pool is not None:  # the streams' last chunks and results are in it: deliver them
+            self._codec_pool.shutdown(wait=True)
+            self._codec_pool = None
 
     def restart(self) -> None:
         """Start a new worker after the old one died (its streams were failed when it died)."""
@@ -362,7 +377,7 @@ class Engine:
 
     # -- worker -------------------------------------------------------------------------
     def _can_step(self, act: _Active) -> bool:
-        if act.logits is None:
+        if act.logits is None or len(act.pending) >= MAX_PENDING_FRAMES:  # (the codec thread is behind)
             return False
         if act.stream.backlogged():
             if not act.stream.paused:
@@ -374,6 +389,9 @@ class Engine:
 
     def _runnable(self) -> bool:
         if any(s.cancelled for s in self._waiting_text):
+            return True
+        if any(a.codec_fault is not None or (a.pending and not a.codec_busy and a.chunks.due(len(a.pending), self.clock()))
+               for a in self._active.values()):
             return True
         if self._waiting and self._free_seqs and self._room_changed:  # (never spin on one that cannot fit)
             return True
@@ -429,7 +447,8 @@ class Engine:
         self._active.clear()
         self._free_seqs = list(range(self.settings.max_streams))
         self._prefixes.clear()
-        self._primed.clear()
+        with self._primed_lock:
+            self._primed.clear()
         self._bypassed = 0
         self._room_changed = True
 
@@ -637,6 +656,8 @@ class Engine:
         eos = self.model.manifest.codec_ids["eos"]
         for act in [a for a in self._active.values() if a.stream.cancelled]:
             self._finish(act, "cancelled", flush=False)
+        for act in [a for a in self._active.values() if a.codec_fault is not None]:
+            self._fail(act, self._fault("codec", act.codec_fault, act))
         prefill = [a for a in admitted if a.seq in self._active]
         # 2. codebook 0 for every stream that can step (logits there, text row there, reader keeping up)
         stepping, code0, text_rows = [], [], []
@@ -663,7 +684,6 @@ class Engine:
         owners: list[_Active] = []
         ended: list[tuple[_Active, str]] = []
         # 3. code predictor for all stepping streams in one call
-        emitted = []
         if stepping:
             rows = dict(zip(map(id, stepping), text_rows))
             c0s = dict(zip(map(id, stepping), code0))
@@ -680,7 +700,6 @@ class Engine:
                 act.segment_frames += 1
                 act.text.frame_made(act.segment_frames)
                 act.chunks.frame_made(self.clock())
-                emitted.append(act)
                 limit, reason = self._frame_limit(act)
                 if act.segment_frames >= limit:
                     try:
@@ -693,15 +712,11 @@ class Engine:
                     continue
                 items.append(DecodeItem(act.seq, act.pos, (frame_embedding + rows[id(act)])[None]))
                 owners.append(act)
-        # 4. audio that is due, before the talker step: a chunk's latency need not include it
-        for act in emitted:
-            if act.seq not in self._active or act.stream.cancelled:
-                continue
-            if act.chunks.due(len(act.pending), self.clock()):
-                try:
-                    self._emit_audio(act)
-                except Exception as e:
-                    self._fail(act, self._fault("codec", e, act))
+        # 4. audio that is due, before the talker step: a chunk's latency need not include it (also of
+        # streams that did not step: a player may be running dry, or the codec thread was busy)
+        for act in list(self._active.values()):
+            if act.pending and not act.stream.cancelled and act.chunks.due(len(act.pending), self.clock()):
+                self._emit(act)
         # 5. prompts of admitted streams and new segments join the same decode
         for act in prefill:
             if act.seq not in self._active:
@@ -724,16 +739,46 @@ class Engine:
         """Decoder state after an in-context clone's reference codes (audio discarded; cached)."""
         codes = np.ascontiguousarray(codes, np.int64)
         key = hashlib.sha1(codes.tobytes()).hexdigest()
-        state = self._primed.pop(key, None)
+        with self._primed_lock:
+            state = self._primed.pop(key, None)
         if state is None:
             _, state = self.model.codec.decode(codes)
-        self._primed[key] = state  # most recently used last
-        while len(self._primed) > 8:
-            self._primed.pop(next(iter(self._primed)))
+        with self._primed_lock:
+            self._primed[key] = state  # most recently used last
+            while len(self._primed) > 8:
+                self._primed.pop(next(iter(self._primed)))
         return state
 
-    def _emit_audio(self, act: _Active) -> None:
-        frames = np.stack(act.pending)
+    def _emit(self, act: _Active) -> None:
+        """The stream's pending frames to the codec: here, or queued on the codec thread (unless a call
+        of this stream is still there: then they wait and join the next one). A stream's first chunk
+        is decoded here, with the cores to itself: overlapped, it came 0.03-0.13 s later."""
+        if self._codec_pool is None or act.chunks.start is None:  # the first chunk: at once, for first audio
+            frames, act.pending = act.pending, []
+            try:
+                self._emit_audio(act, frames)
+            except Exception as e:
+                self._fail(act, self._fault("codec", e, act))
+            return
+        if act.codec_busy:
+            return
+        frames, act.pending = act.pending, []
+        act.codec_busy = True
+        self._codec_pool.submit(self._codec_job, act, frames)
+
+    def _codec_job(self, act: _Active, frames: list) -> None:
+        """On the codec thread: one call; a failure is left for the engine, which ends the stream."""
+        try:
+            if act.codec_fault is None and not act.stream.cancelled:
+                self._emit_audio(act, frames)
+        except Exception as e:
+            act.codec_fault = e
+        finally:
+            act.codec_busy = False
+            self._notify()
+
+    def _emit_audio(self, act: _Active, frames: list) -> None:
+        frames = np.stack(frames)
         t0, started = time.perf_counter(), self.clock()
         reference = act.stream.request.voice.reference
         if act.codec_state is None and reference is not None:
@@ -750,17 +795,11 @@ class Engine:
         act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=len(frames),
                                    progress=act.text.progress))
         act.decoded_frames += len(frames)
-        act.pending = []
 
     def _finish(self, act: _Active, reason: str, error: str | None = None, flush: bool = True,
                 retryable: bool = False) -> None:
-        if flush and act.pending:
-            try:
-                self._emit_audio(act)
-            except Exception as e:
-                self._fault("codec", e, act)
-                reason, error = "error", "the codec failed for this stream"
-                self.stats["errors"] += 1
+        """End a stream: its cells and slot freed here; its last audio (when `flush`) and result after
+        every chunk before them (on the codec thread when it overlaps)."""
         self.model.talker.drop(act.seq)
         if self._active.get(act.seq) is act:
             self._active.pop(act.seq)
@@ -768,15 +807,32 @@ class Engine:
             self._free_seqs.sort()
             self._room_changed = True
         act.text.cancel()
+        self.stats["streams_done"] += 1
+        if reason == "cancelled":
+            self.stats["cancelled"] += 1
+        frames, act.pending = (act.pending if flush else []), []
+        if self._codec_pool is not None:
+            self._codec_pool.submit(self._conclude, act, reason, error, frames, retryable)
+        else:
+            self._conclude(act, reason, error, frames, retryable)
+
+    def _conclude(self, act: _Active, reason: str, error: str | None, frames: list, retryable: bool) -> None:
+        if act.codec_fault is not None and reason != "error":  # an overlapped call failed after the last step
+            self._fault("codec", act.codec_fault, act)
+            reason, error, frames = "error", "the codec failed for this stream", []
+        if frames:
+            try:
+                self._emit_audio(act, frames)
+            except Exception as e:
+                self._fault("codec", e, act)
+                reason, error = "error", "the codec failed for this stream"
+                self.stats["errors"] += 1
         stream = act.stream
         timings = dict(act.timings)
         if stream.first_audio_at is not None:
             timings["first_audio_s"] = stream.first_audio_at - stream.submitted_at
         timings["total_s"] = time.monotonic() - stream.submitted_at
         codes = np.stack(act.codes) if act.codes else np.zeros((0, 16), np.int64)
-        self.stats["streams_done"] += 1
-        if reason == "cancelled":
-            self.stats["cancelled"] += 1
         text = act.text
         stream._put(SynthesisResult(frames=len(act.codes), text_tokens=text.text_tokens,
                                     finish_reason=reason, codes=codes, error=error, timings=timings,

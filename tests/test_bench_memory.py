@@ -44,3 +44,18 @@ def test_command_line_runs_the_block_in_full_mode_only():
     assert cli._plan(p.parse_args([]))["memory"] is True
     assert cli._plan(p.parse_args(["--quick"]))["memory"] is False
     assert p.parse_args(["--only", "memory"]).only == "memory"
+
+
+def test_the_overlap_section_compares_the_default_with_inline():
+    from bench.report import render_overlap
+
+    run = lambda rtf: {"rtf": rtf}  # noqa: E731
+    block = {"date": "d", "commit": "c", "threads": 2, "frames": 32, "rounds": 2, "markdown": "| table |",
+             "runs": {"codec inline (one thread of work)": [run(3.0), run(3.2)],
+                      "codec overlapped, as many codec threads (default)": [run(2.7), run(2.7)]},
+             "concurrency": {"codec inline (one thread of work)": {"aggregate_rtf": 1.8},
+                             "codec overlapped, as many codec threads (default)": {"aggregate_rtf": 1.5}}}
+    text = render_overlap(block, standalone=True)
+    assert "## Codec overlap" in text and "| table |" in text and "--only overlap" in text
+    assert "RTF 3.10 → 2.70 (-13 %)" in text and "aggregate RTF 1.80 → 1.50 (-17 %)" in text
+    assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"

@@ -87,9 +87,9 @@ def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) 
     elif stage == "codec":
         real_emit, real_decode, current = engine._emit_audio, model.codec.decode, []
 
-        def emit(act):
+        def emit(act, frames):
             current[:] = [act]
-            return real_emit(act)
+            return real_emit(act, frames)
 
         def decode(frames, state=None):
             if current and current[0].stream.request is poisoned and late(current[0]):
@@ -279,5 +279,48 @@ def test_a_live_stream_that_outgrows_the_pool_ends_alone(converted_factory):
             result, _ = collect(live)
             assert result.finish_reason == "context_full"
             assert engine.load()["active"] == 0 and engine.load()["free_slots"] == 2
+    finally:
+        model.close()
+
+
+def test_the_overlapped_codec_keeps_faults_and_order_per_stream(converted_factory, monkeypatch):
+    """Fast profile on 2 threads: the codec runs on its own thread. A codec failure there ends its
+    stream alone (with an error result after its chunks); the other streams' audio, chunk by chunk
+    in order, equals one decode of their codes."""
+    model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(threads=2, max_streams=4))
+    assert model.codec_overlap and model.codec.session.get_session_options().intra_op_num_threads == 2
+    try:
+        with Engine(model) as engine:
+            assert engine._codec_pool is not None
+            reqs = [request(k, frames=30) for k in range(3)]
+            poisoned, real_decode, owner, threads = reqs[1], model.codec.decode, threading.local(), set()
+            real_emit = engine._emit_audio
+
+            def emit(act, frames):
+                owner.act = act
+                return real_emit(act, frames)
+
+            def decode(frames, state=None):
+                act = getattr(owner, "act", None)
+                if act is not None and act.decoded_frames > 0:  # (a first chunk is decoded on the engine thread)
+                    threads.add(threading.current_thread().name)
+                if act is not None and act.stream.request is poisoned and act.decoded_frames >= 3:
+                    raise ValueError("injected: codec failure")
+                return real_decode(frames, state)
+
+            monkeypatch.setattr(engine, "_emit_audio", emit)
+            monkeypatch.setattr(model.codec, "decode", decode)
+            streams = [engine.submit(r) for r in reqs]
+            results = [collect(s) for s in streams]
+            monkeypatch.undo()
+            assert threads and all(name.startswith("qwen3-tts-codec") for name in threads), threads
+            bad, bad_wav = results[1]
+            assert bad.finish_reason == "error" and "codec" in bad.error
+            assert len(bad_wav) >= 3 * model.codec.samples_per_frame
+            for result, wav in (results[0], results[2]):
+                assert result.finish_reason == "max_frames" and result.frames == 30
+                np.testing.assert_allclose(wav, model.codec.decode_all(result.codes), atol=1e-4)
+            wait_until(lambda: engine.load()["active"] == 0, what="an idle engine")
+            assert collect(engine.submit(request(1, frames=8)))[0].finish_reason == "max_frames"
     finally:
         model.close()
