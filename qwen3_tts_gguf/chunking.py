@@ -6,7 +6,9 @@ player that starts at the first chunk whenever generation runs slower than about
 (a chunk of n frames takes n frames' time to make, while the player holds only the chunks before it).
 So the fast profile also emits whatever is pending as soon as waiting for one more frame could miss
 the moment the player runs out: with a real-time factor below 1 the buffer then grows by
-(1 - RTF) x 80 ms per frame, and the chunks grow back to the ramp's size by themselves.
+(1 - RTF) x 80 ms per frame, and the chunks grow back to the ramp's size by themselves. A stream
+made slower than real time (on average since its first frame) keeps the ramp: its player stalls
+whatever the chunking, and fewer, longer stalls with cheaper codec calls beat a stutter every frame.
 
 Chunking never changes the samples beyond the codec's float tolerance: the decoder carries its state
 across calls (`codec.py`). The deterministic profile keeps the fixed ramp so that its bits do not
@@ -39,9 +41,12 @@ class ChunkPlan:
     chunks: int = 0  # chunks emitted
     audio_s: float = 0.0  # audio emitted
     start: float | None = None  # when the first chunk went out: a player starts playing then
+    runs_dry_at: float | None = None  # when that player will have played everything emitted (it waits when dry)
+    frames_made: int = 0
     frame_interval_s: float | None = None  # time between this stream's frames, smoothed
     codec_s_per_frame: float | None = None  # this stream's codec time per frame, smoothed
     _last_frame_at: float | None = None
+    _first_frame_at: float | None = None
 
     @property
     def target(self) -> int:
@@ -51,7 +56,17 @@ class ChunkPlan:
     def frame_made(self, now: float) -> None:
         if self._last_frame_at is not None:
             self.frame_interval_s = _smooth(self.frame_interval_s, now - self._last_frame_at)
+        else:
+            self._first_frame_at = now
         self._last_frame_at = now
+        self.frames_made += 1
+
+    @property
+    def keeping_up(self) -> bool:
+        """Frames come faster than real time, on average since the first one."""
+        if self.frames_made < 2:
+            return False
+        return (self._last_frame_at - self._first_frame_at) / (self.frames_made - 1) < self.frame_s
 
     def due(self, pending: int, now: float) -> bool:
         """Should the `pending` frames go to the codec now?"""
@@ -59,17 +74,20 @@ class ChunkPlan:
             return False
         if pending >= self.target:
             return True
-        if not self.adaptive or self.start is None or self.frame_interval_s is None:
+        if not self.adaptive or self.runs_dry_at is None or self.frame_interval_s is None or not self.keeping_up:
             return False
-        runs_dry_at = self.start + self.audio_s
         next_chance = SAFETY * self.frame_interval_s + (self.codec_s_per_frame or 0.0) * (pending + 1)
-        return now + next_chance >= runs_dry_at
+        return now + next_chance >= self.runs_dry_at
 
     def emitted(self, frames: int, codec_s: float, now: float) -> None:
         """`frames` went out in one codec call of `codec_s` seconds that ended at `now`."""
         if self.start is None:
             self.start = now
-        self.audio_s += frames * self.frame_s
+        duration = frames * self.frame_s
+        # a dry player starts again when this chunk arrives
+        self.runs_dry_at = now + duration if self.runs_dry_at is None or now > self.runs_dry_at \
+            else self.runs_dry_at + duration
+        self.audio_s += duration
         self.chunks += 1
         self.codec_s_per_frame = _smooth(self.codec_s_per_frame, codec_s / frames)
 

@@ -206,7 +206,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     try:
         model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
-                                                   gpu_layers=args.gpu_layers, kv_cache=args.kv_cache))
+                                                   gpu_layers=args.gpu_layers, kv_cache=args.kv_cache,
+                                                   n_ctx=args.n_ctx))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -314,6 +315,9 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache", choices=tuple(KV_CACHE_TYPES), default="q8_0",
                    help="talker KV cache precision: q8_0 takes half the memory of f16 (agreement: docs/benchmarks.md); "
                         "--deterministic always uses f32 (default %(default)s)")
+    p.add_argument("--n-ctx", type=_number(int, 512), default=8192, metavar="CELLS",
+                   help="talker KV cells shared by all of a model's streams: memory (60 KB per cell at 0.6B "
+                        "with q8_0, 112 with f16) against how many long texts run at once (default %(default)s)")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

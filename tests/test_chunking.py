@@ -66,6 +66,15 @@ def test_the_fixed_ramp_stalls_above_half_real_time(rtf):
     assert stalls(arrivals) > 0
 
 
+@pytest.mark.parametrize("rtf", [1.2, 2.5])
+def test_slower_than_real_time_keeps_the_ramp(rtf):
+    """No adapting when it cannot help: the player stalls either way, and one-frame codec calls
+    would only make generation slower still."""
+    adaptive, _ = simulate(rtf, adaptive=True)
+    fixed, _ = simulate(rtf, adaptive=False)
+    assert [n for _, n in adaptive] == [n for _, n in fixed]
+
+
 def test_chunks_grow_back_as_the_buffer_grows():
     arrivals, _ = simulate(0.8, adaptive=True)
     sizes = [n for _, n in arrivals]

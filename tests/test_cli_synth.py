@@ -55,11 +55,14 @@ def test_bad_input_errors(tiny_cv_f32):
 
 def test_ctrl_c_leaves_a_valid_wav(tiny_cv_f32, tmp_path):
     out = tmp_path / "long.wav"
-    proc = subprocess.Popen([sys.executable, "-m", "qwen3_tts_gguf", "synth", "A long utterance.", "--model",
+    # long enough that the runaway budget (frames per text token) cannot end it before the signal: the
+    # tiny model makes a short sentence's ~130 frames in about a second
+    text = "A long utterance that goes on and on, " * 12
+    proc = subprocess.Popen([sys.executable, "-m", "qwen3_tts_gguf", "synth", text, "--model",
                              str(tiny_cv_f32), *BASE, "--max-frames", "100000", "-o", str(out)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until audio is being written
+    while time.monotonic() < deadline and proc.poll() is None:  # wait until audio is being written
         parts = list(tmp_path.glob(".long.wav*"))
         if parts and parts[0].stat().st_size > 44 + 8 * 1920 * 2:
             break

@@ -63,8 +63,9 @@ def test_serve_passes_gpu_layers_and_device_to_the_engine(monkeypatch):
     assert (s.gpu_layers, s.device) == (0, "cpu")
 
 
-def test_kv_cache_flag_reaches_the_engine_from_speak_and_serve(monkeypatch):
+def test_kv_cache_flags_reach_the_engine_from_synth_and_serve(monkeypatch):
     monkeypatch.delenv("QTTS_KV_CACHE", raising=False)
+    monkeypatch.delenv("QTTS_N_CTX", raising=False)
     assert engine_settings_from_args(serve_args(), check_devices=False).kv_cache == "q8_0"
     assert engine_settings_from_args(serve_args("--kv-cache", "f16"), check_devices=False).kv_cache == "f16"
     monkeypatch.setenv("QTTS_KV_CACHE", "f16")
@@ -72,6 +73,11 @@ def test_kv_cache_flag_reaches_the_engine_from_speak_and_serve(monkeypatch):
     assert build_parser().parse_args(["synth", "hello", "--kv-cache", "f16"]).kv_cache == "f16"
     with pytest.raises(SystemExit):
         serve_args("--kv-cache", "q4_0")
+    assert engine_settings_from_args(serve_args("--n-ctx", "4096"), check_devices=False).n_ctx == 4096
+    assert engine_settings_from_args(serve_args(), check_devices=False).n_ctx == 8192
+    assert build_parser().parse_args(["synth", "hello", "--n-ctx", "2048"]).n_ctx == 2048
+    with pytest.raises(SystemExit):
+        serve_args("--n-ctx", "100")
 
 
 @pytest.mark.parametrize("text", ["-2", "many", "1.5"])

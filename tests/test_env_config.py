@@ -53,6 +53,10 @@ def sample(action: argparse.Action) -> tuple[str, object]:
         text = [c for c in action.choices if c != action.default][0]
     else:
         text = "7"
+        try:
+            action.type and action.type(text)
+        except argparse.ArgumentTypeError:  # a count with a floor (--n-ctx: at least 512)
+            text = "7000"
     value = action.type(text) if action.type else text
     if isinstance(action, argparse._AppendAction):
         return f"{text}, {text}", [value, value]
