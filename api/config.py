@@ -73,7 +73,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 
 def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool = True) -> EngineSettings:
     """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
-    --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx). The device settings are checked
+    --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap). The device settings are checked
     against this installation (`qwen3_tts_gguf.devices`): ValueError (DeviceError) when GPU layers are
     asked of a llama.cpp without a GPU backend or device, or --device names a provider not installed;
     the resolved plan is logged."""
@@ -86,4 +86,5 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
                           max_pending_live=args.max_live_waiting, max_buffered_audio_s=args.max_buffered_audio_s,
                           deterministic=args.deterministic, gpu_layers=gpu_layers, device=device,
                           kv_cache=getattr(args, "kv_cache", None) or EngineSettings.kv_cache,
-                          n_ctx=getattr(args, "n_ctx", None) or EngineSettings.n_ctx)
+                          n_ctx=getattr(args, "n_ctx", None) or EngineSettings.n_ctx,
+                          codec_overlap=not getattr(args, "no_codec_overlap", False))

@@ -207,7 +207,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     try:
         model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
                                                    gpu_layers=args.gpu_layers, kv_cache=args.kv_cache,
-                                                   n_ctx=args.n_ctx))
+                                                   n_ctx=args.n_ctx, codec_overlap=not args.no_codec_overlap))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -318,6 +318,9 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-ctx", type=_number(int, 512), default=8192, metavar="CELLS",
                    help="talker KV cells shared by all of a model's streams: memory (60 KB per cell at 0.6B "
                         "with q8_0, 112 with f16) against how many long texts run at once (default %(default)s)")
+    p.add_argument("--no-codec-overlap", action="store_true",
+                   help="decode audio on the engine thread between steps instead of on its own thread beside the "
+                        "talker and code predictor (the fast profile overlaps them on 2+ threads)")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

@@ -66,6 +66,7 @@ def test_serve_passes_gpu_layers_and_device_to_the_engine(monkeypatch):
 def test_kv_cache_flags_reach_the_engine_from_synth_and_serve(monkeypatch):
     monkeypatch.delenv("QTTS_KV_CACHE", raising=False)
     monkeypatch.delenv("QTTS_N_CTX", raising=False)
+    monkeypatch.delenv("QTTS_NO_CODEC_OVERLAP", raising=False)
     assert engine_settings_from_args(serve_args(), check_devices=False).kv_cache == "q8_0"
     assert engine_settings_from_args(serve_args("--kv-cache", "f16"), check_devices=False).kv_cache == "f16"
     monkeypatch.setenv("QTTS_KV_CACHE", "f16")
@@ -78,6 +79,10 @@ def test_kv_cache_flags_reach_the_engine_from_synth_and_serve(monkeypatch):
     assert build_parser().parse_args(["synth", "hello", "--n-ctx", "2048"]).n_ctx == 2048
     with pytest.raises(SystemExit):
         serve_args("--n-ctx", "100")
+    assert engine_settings_from_args(serve_args(), check_devices=False).codec_overlap is True
+    assert engine_settings_from_args(serve_args("--no-codec-overlap"), check_devices=False).codec_overlap is False
+    monkeypatch.setenv("QTTS_NO_CODEC_OVERLAP", "1")
+    assert engine_settings_from_args(serve_args(), check_devices=False).codec_overlap is False
 
 
 @pytest.mark.parametrize("text", ["-2", "many", "1.5"])
