@@ -183,7 +183,7 @@ class Engine:
             self._prompt_pool.shutdown(wait=False, cancel_futures=True)
             self._prompt_pool = None
         if self._codec_pool is not None:  # the streams' last chunks and results are in it: deliver them
-            self._codec_pool.shutdown(wait=True)
+            self._codec_pool.shutdown(wait=self._dead is None)  # (unless a call there is stuck)
             self._codec_pool = None
 
     def restart(self) -> None:
@@ -820,6 +820,7 @@ class Engine:
         if act.codec_fault is not None and reason != "error":  # an overlapped call failed after the last step
             self._fault("codec", act.codec_fault, act)
             reason, error, frames = "error", "the codec failed for this stream", []
+            self.stats["errors"] += 1
         if frames:
             try:
                 self._emit_audio(act, frames)

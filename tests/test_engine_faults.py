@@ -324,3 +324,33 @@ def test_the_overlapped_codec_keeps_faults_and_order_per_stream(converted_factor
             assert collect(engine.submit(request(1, frames=8)))[0].finish_reason == "max_frames"
     finally:
         model.close()
+
+
+def test_the_overlapped_codec_failing_on_the_last_chunk_fails_that_stream(converted_factory, monkeypatch):
+    """The last audio goes out after the stream's final step (with its result, on the codec thread):
+    a failure there still ends that stream with an error, and only that stream."""
+    model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(threads=2, max_streams=2))
+    try:
+        with Engine(model) as engine:
+            reqs = [request(k, frames=20) for k in range(2)]
+            real_decode, owner = model.codec.decode, threading.local()
+            real_emit = engine._emit_audio
+
+            def emit(act, frames):
+                owner.act, owner.last = act, act.decoded_frames + len(frames) >= 20
+                return real_emit(act, frames)
+
+            def decode(frames, state=None):
+                if owner.act.stream.request is reqs[0] and owner.last:
+                    raise ValueError("injected: the last chunk fails")
+                return real_decode(frames, state)
+
+            monkeypatch.setattr(engine, "_emit_audio", emit)
+            monkeypatch.setattr(model.codec, "decode", decode)
+            results = [collect(s) for s in [engine.submit(r) for r in reqs]]
+            assert results[0][0].finish_reason == "error" and "codec" in results[0][0].error
+            assert len(results[0][1]) < 20 * model.codec.samples_per_frame
+            assert results[1][0].finish_reason == "max_frames"
+            assert len(results[1][1]) == 20 * model.codec.samples_per_frame
+    finally:
+        model.close()
