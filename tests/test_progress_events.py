@@ -11,16 +11,11 @@ from __future__ import annotations
 import base64
 import json
 
-try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
 import pytest
 from websockets.sync.client import connect
 
-from api import ModelRegistry, ServerConfig, create_app
-from api.testing import ServerThread
 from qwen3_tts_gguf.model import EngineSettings
+from tests.ws_helpers import httpx, loaded_registry, post_speech, serve, ws_url
 
 TEXT = "Hello there, 👋 this is progress: 世界."
 SEED, FRAMES, TIMEOUT = 5, 40, 30.0
@@ -29,10 +24,9 @@ SAMPLE_RATE = 24000
 
 @pytest.fixture(scope="module")
 def server(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True, max_streams=2))
-    with ServerThread(create_app(ServerConfig(webui_dir=None), registry)) as running:
+    settings = EngineSettings(threads=1, deterministic=True, max_streams=2)
+    with loaded_registry(tiny_cv_f32, settings) as registry, serve(registry, api_key=None) as running:
         yield running
-    registry.close()
 
 
 def check_progress(events: list[dict], text: str, audio_bytes: int, speed: float = 1.0) -> None:
@@ -50,7 +44,7 @@ def check_progress(events: list[dict], text: str, audio_bytes: int, speed: float
 
 def ws_session(server, start: dict, deltas: list[str]) -> tuple[bytes, list[dict]]:
     audio, events = bytearray(), []
-    with connect(f"ws://{server.host}:{server.port}/v1/ws", proxy=None, open_timeout=TIMEOUT) as ws:
+    with connect(ws_url(server, None), proxy=None, open_timeout=TIMEOUT) as ws:
         ws.send(json.dumps({"type": "start", "format": "pcm", "seed": SEED, "max_frames": FRAMES,
                             "voice": "ryan", **start}))
         for delta in deltas:
@@ -86,10 +80,8 @@ def test_ws_progress_follows_the_audio_and_ends_final(server):
 
 
 def sse(server, **fields) -> list[dict]:
-    body = {"model": "tts-1", "voice": "ryan", "input": TEXT, "response_format": "pcm", "stream_format": "sse",
-            "seed": SEED, "max_frames": FRAMES, **fields}
-    response = httpx.post(f"http://{server.host}:{server.port}/v1/audio/speech", json=body, timeout=TIMEOUT)
-    assert response.status_code == 200, response.text
+    response = post_speech(server, TEXT, None, TIMEOUT,
+                           **{"stream_format": "sse", "seed": SEED, "max_frames": FRAMES, **fields})
     return [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
 
 

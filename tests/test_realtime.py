@@ -15,10 +15,6 @@ import base64
 import json
 import time
 
-try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
 import numpy as np
 import openai
 import pytest
@@ -26,19 +22,16 @@ import soxr
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from api import ModelRegistry, ServerConfig, create_app
 from api.lifecycle import PROCESS
 from api.testing import ServerThread
 from qwen3_tts_gguf.audio_encoding import alaw_to_s16, ulaw_to_s16
-from qwen3_tts_gguf.model import EngineSettings
+from tests.ws_helpers import KEY, SAMPLES_PER_FRAME, TIMEOUT, event, loaded_registry, post_speech, refused, serve, \
+    speak_live, wait_idle, ws_settings
 
-KEY = "test-key"
 TEXT = "Hello there, this is a realtime test."
 SEED = 5
 FRAMES = 12
-SAMPLES_PER_FRAME = 1920
 MAX_STREAMS = 4
-TIMEOUT = 30.0
 RESPONSE_EVENTS = ["response.created", "response.output_item.added", "conversation.item.added",
                    "response.content_part.added", "response.output_audio_transcript.delta",
                    "response.output_audio.delta", "response.output_audio.done",
@@ -49,16 +42,13 @@ RESPONSE_EVENTS = ["response.created", "response.output_item.added", "conversati
 
 @pytest.fixture(scope="module")
 def registry(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True,
-                                                                 max_streams=MAX_STREAMS, max_pending=4))
-    yield registry
-    registry.close()
+    with loaded_registry(tiny_cv_f32, ws_settings(MAX_STREAMS)) as registry:
+        yield registry
 
 
 @pytest.fixture(scope="module")
 def server(registry):
-    app = create_app(ServerConfig(api_key=KEY, webui_dir=None), registry)
-    with ServerThread(app) as running:
+    with serve(registry) as running:
         yield running
 
 
@@ -74,12 +64,6 @@ def open_rt(server: ServerThread, key: str | None = KEY, model: str | None = "gp
 
 def send(ws: ClientConnection, kind: str, **fields) -> None:
     ws.send(json.dumps({"type": kind, **fields}))
-
-
-def event(ws: ClientConnection) -> dict:
-    message = ws.recv(timeout=TIMEOUT)
-    assert isinstance(message, str), "every server message is a JSON event"
-    return json.loads(message)
 
 
 def created(ws: ClientConnection) -> dict:
@@ -142,38 +126,14 @@ def expect_error(ws: ClientConnection, code: str, param: str | None = None, even
     return error
 
 
-def wait_idle(registry: ModelRegistry, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        load = registry.default.engine.load()
-        if (load["active"], load["waiting"]) == (0, 0) or time.monotonic() > deadline:
-            return load
-        time.sleep(0.02)
-
-
 def speech_pcm(server: ServerThread, text: str, **extra) -> bytes:
-    response = httpx.post(f"{server.url}/v1/audio/speech", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
-                          json={"model": "tts-1", "input": text, "voice": "ryan", "response_format": "pcm",
-                                "seed": SEED, "max_frames": FRAMES, **extra})
-    assert response.status_code == 200, response.text
-    return response.content
+    """POST /v1/audio/speech of `text` with this file's seed and max_frames."""
+    return post_speech(server, text, **{"seed": SEED, "max_frames": FRAMES, **extra}).content
 
 
 def ws_pcm(server: ServerThread, deltas: list[str]) -> bytes:
     """The same text as live deltas through /v1/ws (qtts.v1)."""
-    with connect(f"ws://{server.host}:{server.port}/v1/ws?api_key={KEY}", proxy=None, open_timeout=TIMEOUT) as ws:
-        send(ws, "start", voice="ryan", seed=SEED, max_frames=FRAMES, format="pcm")
-        assert event(ws)["type"] == "started"
-        for delta in deltas:
-            send(ws, "text", text=delta)
-        send(ws, "stop")
-        audio = bytearray()
-        while True:
-            message = ws.recv(timeout=TIMEOUT)
-            if isinstance(message, bytes):
-                audio += message
-            elif json.loads(message)["type"] == "done":
-                return bytes(audio)
+    return speak_live(server, deltas, seed=SEED, max_frames=FRAMES, format="pcm")[0]
 
 
 # -- the openai SDK ------------------------------------------------------------------------------------
@@ -479,13 +439,6 @@ def test_conversation_items_can_be_retrieved_deleted_and_referenced(server):
 
 
 # -- handshake -----------------------------------------------------------------------------------------
-
-
-def refused(ws: ClientConnection) -> tuple[dict, int | None]:
-    message = event(ws)
-    with pytest.raises(ConnectionClosed):
-        ws.recv(timeout=TIMEOUT)
-    return message, ws.close_code
 
 
 @pytest.mark.parametrize("key", [None, "wrong"])

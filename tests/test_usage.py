@@ -13,19 +13,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
 import pytest
-from websockets.sync.client import connect
 
-from api import ModelRegistry, ServerConfig, create_app
-from api.limits import ServerLimits
+from api import ServerConfig
 from api.testing import ServerThread
 from api.usage import USAGE_FIELDS, USAGE_LOG_FIELDS, UsageLog, key_id
 from qwen3_tts_gguf.model import EngineSettings
-from tests.test_websocket import event, send, until_done
+from tests.ws_helpers import httpx, loaded_registry, post_speech, serve, speak_live
 
 KEY = "usage-test-key"
 TEXT = "Hello there, this is a usage test."
@@ -36,9 +30,8 @@ TIMEOUT = 60.0
 
 @pytest.fixture(scope="module")
 def registry(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, max_streams=4, max_pending=16))
-    yield registry
-    registry.close()
+    with loaded_registry(tiny_cv_f32, EngineSettings(threads=1, max_streams=4, max_pending=16)) as registry:
+        yield registry
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +41,7 @@ def usage_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(registry, usage_path):
-    config = ServerConfig(api_key=KEY, webui_dir=None, usage_log=usage_path,
-                          limits=ServerLimits(max_requests_per_client=16))
-    with ServerThread(create_app(config, registry)) as running:
+    with serve(registry, KEY, usage_log=usage_path, max_requests_per_client=16) as running:
         yield running
 
 
@@ -64,22 +55,14 @@ def lines(path: Path) -> list[dict]:
 
 
 def speech(server: ServerThread, stream_format: str = "audio", text: str = TEXT, **extra) -> httpx.Response:
-    response = httpx.post(f"{server.url}/v1/audio/speech", headers={"Authorization": f"Bearer {KEY}"},
-                          timeout=TIMEOUT, json={"model": "tts-1", "input": text, "voice": "ryan",
-                                                 "response_format": "pcm", "stream_format": stream_format,
-                                                 "max_frames": FRAMES, "seed": 3, **extra})
-    assert response.status_code == 200, response.text
-    return response
+    """POST /v1/audio/speech of `text` as pcm, FRAMES frames, seed 3; it must be a 200."""
+    return post_speech(server, text, KEY, TIMEOUT,
+                       **{"stream_format": stream_format, "max_frames": FRAMES, "seed": 3, **extra})
 
 
 def ws_utterance(server: ServerThread, deltas: list[str]) -> tuple[bytes, dict]:
-    with connect(f"ws://{server.host}:{server.port}/v1/ws?api_key={KEY}", proxy=None, open_timeout=TIMEOUT) as ws:
-        send(ws, type="start", voice="ryan", max_frames=FRAMES, seed=3)
-        assert event(ws)["type"] == "started"
-        for delta in deltas:
-            send(ws, type="text", text=delta)
-        send(ws, type="stop")
-        audio, events = until_done(ws)
+    """One /v1/ws utterance of `deltas` (FRAMES frames, seed 3): its audio and its `done` event."""
+    audio, events = speak_live(server, deltas, KEY, TIMEOUT, max_frames=FRAMES, seed=3)
     return audio, events[-1]
 
 

@@ -8,104 +8,30 @@ say EOS, so every session caps `max_frames`.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 
 import numpy as np
-
-try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import connect
 
-from api import ModelRegistry, ServerConfig, create_app
-from api.testing import ServerThread
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
-from qwen3_tts_gguf.model import EngineSettings
+from tests.ws_helpers import KEY, SAMPLES_PER_FRAME, TEXT, TIMEOUT, expect_error, loaded_registry, open_ws, \
+    refused, say_and_stop, send, serve, start, until_done, wait_idle, whole_text_pcm, ws_settings
 
-KEY = "test-key"
-TEXT = "Hello there, this is a live streaming test of words."
-SEED = 11
-FRAMES = 16
-SAMPLES_PER_FRAME = 1920
 MAX_STREAMS = 4
-TIMEOUT = 30.0
 
 
 @pytest.fixture(scope="module")
 def registry(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True,
-                                                                 max_streams=MAX_STREAMS, max_pending=4))
-    yield registry
-    registry.close()
+    with loaded_registry(tiny_cv_f32, ws_settings(MAX_STREAMS)) as registry:
+        yield registry
 
 
 @pytest.fixture(scope="module")
 def server(registry):
-    app = create_app(ServerConfig(api_key=KEY, webui_dir=None), registry)
-    with ServerThread(app) as running:
+    with serve(registry) as running:
         yield running
-
-
-def ws_url(server: ServerThread, key: str | None = KEY) -> str:
-    return f"ws://{server.host}:{server.port}/v1/ws" + (f"?api_key={key}" if key is not None else "")
-
-
-def open_ws(server: ServerThread, key: str | None = KEY, **kwargs) -> ClientConnection:
-    return connect(ws_url(server, key), proxy=None, open_timeout=TIMEOUT, **kwargs)
-
-
-def send(ws: ClientConnection, **message) -> None:
-    ws.send(json.dumps(message))
-
-
-def event(ws: ClientConnection) -> dict:
-    """The next message, which must be a JSON event."""
-    message = ws.recv(timeout=TIMEOUT)
-    assert isinstance(message, str), f"expected an event, got {len(message)} audio bytes"
-    return json.loads(message)
-
-
-def until_done(ws: ClientConnection) -> tuple[bytes, list[dict]]:
-    """Audio and events up to and including `done`."""
-    audio, events = bytearray(), []
-    while not events or events[-1]["type"] != "done":
-        message = ws.recv(timeout=TIMEOUT)
-        if isinstance(message, bytes):
-            audio += message
-        else:
-            events.append(json.loads(message))
-    return bytes(audio), events
-
-
-def start(ws: ClientConnection, **fields) -> dict:
-    send(ws, type="start", **{"voice": "ryan", "seed": SEED, "max_frames": FRAMES, **fields})
-    started = event(ws)
-    assert started["type"] == "started", started
-    return started
-
-
-def wait_idle(registry: ModelRegistry, timeout: float = 10.0) -> dict:
-    """The engine's load once no stream is active or waiting (fails after `timeout`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        load = registry.default.engine.load()
-        if (load["active"], load["waiting"]) == (0, 0) or time.monotonic() > deadline:
-            return load
-        time.sleep(0.02)
-
-
-def whole_text_pcm(server: ServerThread, text: str, **extra) -> bytes:
-    """POST /v1/audio/speech with the whole text in the streaming text mode (the reference)."""
-    response = httpx.post(f"{server.url}/v1/audio/speech", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
-                          json={"model": "tts-1", "input": text, "voice": "ryan", "response_format": "pcm",
-                                "text_mode": "streaming", "seed": SEED, "max_frames": FRAMES, **extra})
-    assert response.status_code == 200, response.text
-    return response.content
 
 
 # -- live text equals the whole text -------------------------------------------------------------
@@ -192,17 +118,6 @@ def test_a_client_that_disconnects_cancels_its_stream(server, registry, how):
 # -- bad messages ------------------------------------------------------------------------------------
 
 
-def expect_error(ws: ClientConnection, code: str, param: str | None = None) -> dict:
-    message = event(ws)
-    assert message["type"] == "error", message
-    error = message["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    assert error["code"] == code, error
-    if param is not None:
-        assert error["param"] == param, error
-    return error
-
-
 def test_bad_messages_get_error_events_and_the_socket_keeps_working(server, registry):
     with open_ws(server) as ws:
         ws.send("not json")
@@ -259,9 +174,7 @@ def test_an_engine_failure_mid_stream_is_an_error_then_done(server, registry, fa
     failing_codec(registry.default.model.codec)  # patched through this test's monkeypatch
     with open_ws(server) as ws:
         start(ws)
-        send(ws, type="text", text=TEXT)
-        send(ws, type="stop")
-        audio, events = until_done(ws)
+        audio, events = say_and_stop(ws, [TEXT])
         monkeypatch.undo()
         assert len(audio) == 2 * SAMPLES_PER_FRAME  # the first chunk (1 frame) got out
         assert [e["type"] for e in events] == ["error", "done"]
@@ -284,9 +197,7 @@ def test_an_encoder_failure_is_an_error_without_its_exception_text(server, regis
     monkeypatch.setattr(StreamingEncoder, "encode", explode)
     with open_ws(server) as ws:
         start(ws)
-        send(ws, type="text", text=TEXT)
-        send(ws, type="stop")
-        audio, events = until_done(ws)
+        audio, events = say_and_stop(ws, [TEXT])
         monkeypatch.undo()
         assert audio == b"" and [e["type"] for e in events] == ["error", "done"]
         error = events[0]["error"]
@@ -304,14 +215,6 @@ def test_start_reports_fields_that_do_not_apply(server):
 
 
 # -- authentication and origins ----------------------------------------------------------------------
-
-
-def refused(ws: ClientConnection) -> tuple[dict, int | None]:
-    """The refusal event and the close code."""
-    message = event(ws)
-    with pytest.raises(ConnectionClosed):
-        ws.recv(timeout=TIMEOUT)
-    return message, ws.close_code
 
 
 @pytest.mark.parametrize("key", [None, "wrong"])

@@ -12,53 +12,22 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Iterator
 
-try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
-from api import ModelRegistry, ServerConfig, create_app
-from api.limits import ServerLimits
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
-from tests.test_websocket import KEY, TEXT, TIMEOUT, event, expect_error, send, start, until_done, wait_idle, \
-    whole_text_pcm, ws_url
+from tests.ws_helpers import TEXT, TIMEOUT, event, eventually, expect_error, httpx, loaded_registry, open_from, send, \
+    serve, start, until_done, wait_idle, whole_text_pcm, ws_settings
 
 MAX_STREAMS = 2
 
 
 @pytest.fixture(scope="module")
 def registry(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True,
-                                                                 max_streams=MAX_STREAMS, max_pending=4))
-    yield registry
-    registry.close()
-
-
-@contextlib.contextmanager
-def serve(registry: ModelRegistry, **limits) -> Iterator[ServerThread]:
-    """A server whose ServerLimits are the defaults but for `limits`."""
-    app = create_app(ServerConfig(api_key=KEY, webui_dir=None, limits=ServerLimits(**limits)), registry)
-    with ServerThread(app) as running:
-        yield running
-
-
-def open_from(server: ServerThread, address: str = "127.0.0.1", rcvbuf: int | None = None,
-              **kwargs) -> ClientConnection:
-    """A client connecting from `address` (any 127/8 address is this machine), its receive buffer
-    optionally set small (before connecting, so TCP never offers a bigger window)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if rcvbuf is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.bind((address, 0))
-    sock.settimeout(TIMEOUT)
-    sock.connect((server.host, server.port))
-    return connect(ws_url(server), sock=sock, open_timeout=TIMEOUT, **kwargs)
+    with loaded_registry(tiny_cv_f32, ws_settings(MAX_STREAMS)) as registry:
+        yield registry
 
 
 def closed_with(ws: ClientConnection) -> int | None:
@@ -96,14 +65,6 @@ def admitted_now(server: ServerThread, address: str = "127.0.0.1") -> bool:
         return False
     ws.close()
     return True
-
-
-def eventually(check, timeout: float = 20.0) -> None:
-    """Poll `check()` until it is true (fails after `timeout`: a safety net, not a measurement)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "the condition never came true"
-        time.sleep(0.05)
 
 
 # -- message size ------------------------------------------------------------------------------------

@@ -9,26 +9,21 @@ the cut, so the stream is still waiting for words when it is cut (it cannot fini
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import socket
 import struct
 import time
-from collections.abc import Iterator
 
-try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
-from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
-from tests.test_websocket import KEY, TIMEOUT, event, send, until_done, wait_idle, whole_text_pcm
+from tests import ws_helpers
+from tests.ws_helpers import KEY, TIMEOUT, event, httpx, loaded_registry, open_from, open_ws, send, serve, \
+    until_done, wait_idle, whole_text_pcm, ws_settings
 
 MAX_STREAMS = 4
 FRAMES = 48
@@ -36,20 +31,13 @@ FIRST, SECOND = "Hello there, this is a live streaming", " test of words that re
 TEXT = FIRST + SECOND
 BYTES_PER_FRAME = 2 * 1920
 
+eventually = functools.partial(ws_helpers.eventually, interval=0.02)
+
 
 @pytest.fixture(scope="module")
 def registry(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True,
-                                                                 max_streams=MAX_STREAMS, max_pending=4))
-    yield registry
-    registry.close()
-
-
-@contextlib.contextmanager
-def serve(registry: ModelRegistry, api_key: str | None = KEY, **limits) -> Iterator[ServerThread]:
-    app = create_app(ServerConfig(api_key=api_key, webui_dir=None, limits=ServerLimits(**limits)), registry)
-    with ServerThread(app) as running:
-        yield running
+    with loaded_registry(tiny_cv_f32, ws_settings(MAX_STREAMS)) as registry:
+        yield registry
 
 
 @pytest.fixture
@@ -59,16 +47,9 @@ def server(registry):
         yield running
 
 
-def open_ws(server: ServerThread, key: str | None = KEY) -> ClientConnection:
-    url = f"ws://{server.host}:{server.port}/v1/ws" + (f"?api_key={key}" if key is not None else "")
-    return connect(url, proxy=None, open_timeout=TIMEOUT)
-
-
 def start(ws: ClientConnection, **fields) -> dict:
-    send(ws, type="start", **{"voice": "ryan", "seed": 11, "max_frames": FRAMES, "resumable": True, **fields})
-    started = event(ws)
-    assert started["type"] == "started", started
-    return started
+    """`start` a resumable stream of FRAMES frames."""
+    return ws_helpers.start(ws, **{"max_frames": FRAMES, "resumable": True, **fields})
 
 
 def audio_at_least(ws: ClientConnection, n: int) -> bytes:
@@ -93,19 +74,22 @@ def resume(server: ServerThread, token: str, audio_bytes: int, key: str | None =
     return ws, event(ws)
 
 
+def cut_midway(server: ServerThread, key: str | None = KEY) -> tuple[str, bytes]:
+    """A resumable stream sent FIRST, then cut after its first frame: its resume token and the audio got."""
+    ws = open_ws(server, key)
+    token = start(ws)["resume_token"]
+    send(ws, type="text", text=FIRST, seq=1)
+    got = audio_at_least(ws, BYTES_PER_FRAME)
+    cut(ws)
+    return token, got
+
+
 def refused(ws: ClientConnection, reply: dict) -> tuple[str, int | None]:
     """A `resume_failed` refusal: its param, and the close code that follows."""
     assert reply["type"] == "error" and reply["error"]["code"] == "resume_failed", reply
     with pytest.raises(ConnectionClosed):
         ws.recv(timeout=TIMEOUT)
     return reply["error"]["param"], ws.close_code
-
-
-def eventually(check, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "the condition never came true"
-        time.sleep(0.02)
 
 
 def detached(server: ServerThread) -> int:
@@ -157,11 +141,7 @@ def test_a_cut_stream_resumed_on_a_new_socket_gives_the_bytes_of_an_uninterrupte
 
 def test_the_token_rotates_and_a_spent_token_fails(server, registry):
     reference = whole_text_pcm(server, TEXT, max_frames=FRAMES)
-    ws = open_ws(server)
-    first_token = start(ws)["resume_token"]
-    send(ws, type="text", text=FIRST, seq=1)
-    got = audio_at_least(ws, BYTES_PER_FRAME)
-    cut(ws)
+    first_token, got = cut_midway(server)
     ws2, resumed = resume(server, first_token, len(got))
     second_token = resumed["resume_token"]
     got += audio_at_least(ws2, 1)
@@ -186,11 +166,7 @@ def test_a_resume_with_another_key_fails_and_leaves_the_stream_resumable(registr
     """An open server binds the stream to the key its socket offered; a keyed server refuses a wrong
     key at the handshake already."""
     with serve(registry, api_key=None) as server:
-        ws = open_ws(server, key="alice")
-        token = start(ws)["resume_token"]
-        send(ws, type="text", text=FIRST, seq=1)
-        got = audio_at_least(ws, BYTES_PER_FRAME)
-        cut(ws)
+        token, got = cut_midway(server, key="alice")
         eventually(lambda: detached(server) == 1)
         for key in ("bob", None):
             ws2, reply = resume(server, token, len(got), key=key)
@@ -202,11 +178,7 @@ def test_a_resume_with_another_key_fails_and_leaves_the_stream_resumable(registr
             _, events = until_done(ws3)
             assert events[-1]["finish_reason"] == "cancelled"
     with serve(registry) as server:
-        ws = open_ws(server)
-        token = start(ws)["resume_token"]
-        send(ws, type="text", text=FIRST, seq=1)
-        got = audio_at_least(ws, BYTES_PER_FRAME)
-        cut(ws)
+        token, got = cut_midway(server)
         with open_ws(server, key="wrong") as ws2:  # refused before any message
             assert event(ws2)["error"]["code"] == "invalid_api_key"
         ws3, resumed = resume(server, token, len(got))
@@ -227,11 +199,7 @@ def test_bad_resumes_fail_with_resume_failed(server, registry):
     # audio the server no longer holds (here: never sent): refused, and the stream is cancelled
     engine = registry.default.engine
     cancelled = engine.stats["cancelled"]
-    ws = open_ws(server)
-    token = start(ws)["resume_token"]
-    send(ws, type="text", text=FIRST, seq=1)
-    got = audio_at_least(ws, BYTES_PER_FRAME)
-    cut(ws)
+    token, got = cut_midway(server)
     for bad in (-1, "0", True):
         ws2, reply = resume(server, token, bad)
         assert refused(ws2, reply) == ("audio_bytes", 1008)
@@ -250,11 +218,7 @@ def test_a_stream_not_resumed_within_the_window_is_cancelled_and_frees_its_place
     engine = registry.default.engine
     with serve(registry, resume_window_s=1.0) as server:
         cancelled = engine.stats["cancelled"]
-        ws = open_ws(server)
-        token = start(ws)["resume_token"]
-        send(ws, type="text", text=FIRST, seq=1)
-        got = audio_at_least(ws, BYTES_PER_FRAME)
-        cut(ws)
+        token, got = cut_midway(server)
         eventually(lambda: detached(server) == 1)
         assert held(server) == 1 and engine.load()["active"] == 1  # paused, holding its places
         eventually(lambda: engine.stats["cancelled"] == cancelled + 1)
@@ -269,11 +233,7 @@ def test_a_stream_not_resumed_within_the_window_is_cancelled_and_frees_its_place
 def test_no_idle_timeout_while_detached_and_it_runs_again_after_a_resume(registry):
     with serve(registry, ws_idle_timeout_s=1.5) as server:
         reference = whole_text_pcm(server, TEXT, max_frames=FRAMES)
-        ws = open_ws(server)
-        token = start(ws)["resume_token"]
-        send(ws, type="text", text=FIRST, seq=1)
-        got = audio_at_least(ws, BYTES_PER_FRAME)
-        cut(ws)
+        token, got = cut_midway(server)
         eventually(lambda: detached(server) == 1)
         time.sleep(2.5)  # longer than the idle timeout, detached
         ws2, resumed = resume(server, token, len(got))
@@ -326,12 +286,7 @@ def test_a_client_that_stops_reading_leaves_its_stream_waiting_for_a_resume(regi
     with serve(registry, send_timeout_s=0.5) as server:
         reference = whole_text_pcm(server, TEXT, max_frames=FRAMES)
         server.server.servers[0].sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.settimeout(TIMEOUT)
-        sock.connect((server.host, server.port))
-        stalled = connect(f"ws://{server.host}:{server.port}/v1/ws?api_key={KEY}", sock=sock,
-                          open_timeout=TIMEOUT, max_queue=1)
+        stalled = open_from(server, rcvbuf=4096, max_queue=1)
         try:
             token = start(stalled)["resume_token"]
             send(stalled, type="text", text=TEXT, seq=1)
