@@ -116,6 +116,30 @@ def test_offloaded_talker_matches_cpu_and_official(talker_case, record_property)
     assert d["argmax_equal"]
 
 
+def test_the_q8_0_kv_cache_on_vulkan(checkpoint_factory, tmp_path, record_property):
+    """The fast profile's default KV cache (q8_0, flash attention) with every layer on lavapipe: 64-wide
+    heads (the small shape), logits against the CPU's f16 cache. Measured: relative RMS 4.3e-3 on
+    Vulkan, 4.9e-3 for q8_0 on the CPU (the cache's rounding), 4.4e-4 for f16 on Vulkan."""
+    from qwen3_tts_gguf.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.talker_gguf import write_talker_gguf
+    from qwen3_tts_gguf.talker import Talker, TalkerSettings
+
+    ckpt = Checkpoint.open(checkpoint_factory("small_cv"))
+    write_talker_gguf(ckpt, tmp_path / "talker.gguf", "f32")
+    rows = np.random.default_rng(3).standard_normal((24, ckpt.config.talker.hidden_size)).astype(np.float32)
+    logits = {}
+    for name, layers, kv in (("cpu f16", 0, "f16"), ("vulkan q8_0", ALL, "q8_0")):
+        talker = Talker(tmp_path / "talker.gguf", TalkerSettings(n_ctx=128, max_streams=1, threads=2,
+                                                                 gpu_layers=layers, kv_cache=kv))
+        assert talker.kv_cache == kv
+        logits[name], _ = talker.decode_steps(0, rows, 8)
+        talker.close()
+    ref, got = logits["cpu f16"], logits["vulkan q8_0"]
+    rel = float(np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
+    _report(record_property, kv_q8_0_vulkan_rel_rms_vs_cpu_f16=rel)
+    assert 0 < rel < 2e-2
+
+
 def _greedy(text: str, frames: int = FRAMES, voice=None, **kw):
     from qwen3_tts_gguf.prompt import VoiceSpec
     from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
