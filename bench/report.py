@@ -256,7 +256,9 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
         w(f"| background load (other jobs), median | {_bg(s)} | {_bg(o)} | |")
         w("")
         w("Each cell: median (best run). Speed-up = official / ours. Per-frame stage times exclude the prefill; "
-          "RTF and time to first audio include everything.\n")
+          "RTF and time to first audio include everything. Our codec runs on a thread of its own beside the talker "
+          "and code predictor (see *Codec overlap*), so a frame takes less than the sum of the three (compare the "
+          "RTF row), and each codec call is slower than alone because it shares the cores.\n")
         if not off_ok:
             w(f"Official pipeline: {'skipped' if off is None else 'failed: ' + str(off.get('error'))}.\n")
 

@@ -59,3 +59,13 @@ def test_the_overlap_section_compares_the_default_with_inline():
     assert "## Codec overlap" in text and "| table |" in text and "--only overlap" in text
     assert "RTF 3.10 → 2.70 (-13 %)" in text and "aggregate RTF 1.80 → 1.50 (-17 %)" in text
     assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
+
+
+def test_the_agreement_table_shows_the_kv_cache_row():
+    from bench.report import _render_agreement
+
+    out: list[str] = []
+    _render_agreement(out.append, {"reference_quant": "f16", "steps": 49, "talker": {}, "code_predictor": {},
+                                   "kv_cache": {"talker": "q8_0", "q8_0": {"code0_agree": 0.98,
+                                                                           "logits_rel_rms_median": 0.016}}})
+    assert "| talker q8_0, KV cache q8_0 (the default) | the same talker, KV cache f16 | 98.0 % | | 1.60 % |" in out
