@@ -422,24 +422,29 @@ def run(args) -> dict:
 
 def _busy(progress, log, step, plan: dict, threads: int, official: bool) -> dict:
     """The busy-machine block on the 0.6B headline configuration (q8_0 talker, int8 code predictor)."""
-    from . import busy, prepare
+    from . import busy
 
-    shape, quant, cp = busy.HEADLINE
-    ckpt, _ = prepare.ensure_checkpoint(shape, log)
-    folder = prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
+    ckpt, folder = _headline_model(threads, log)
     return busy.measure(progress, log, model_dir=str(folder), checkpoint=str(ckpt), threads=threads,
                         frames=plan["busy_frames"], reps=plan["busy_reps"], official_reps=plan["busy_official_reps"],
                         official_loaded_reps=plan["busy_official_loaded_reps"], old_reps=plan["busy_old_reps"], quiet_s=plan["quiet_s"], budget_s=plan["busy_budget_s"],
                         official=official, timeout_s=plan["busy_timeout_s"], step=step)
 
 
-def _memory(progress, threads: int) -> dict:
-    """The memory block on the 0.6B headline configuration."""
-    from . import busy, memory, prepare
+def _headline_model(threads: int, log) -> tuple[Path, Path]:
+    """The checkpoint and converted folder of the 0.6B headline configuration (busy.HEADLINE)."""
+    from . import busy, prepare
 
     shape, quant, cp = busy.HEADLINE
-    ckpt, _ = prepare.ensure_checkpoint(shape, progress.bar.write)
-    folder = prepare.ensure_converted(ckpt, shape, quant, cp, threads, progress.bar.write)
+    ckpt, _ = prepare.ensure_checkpoint(shape, log)
+    return ckpt, prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
+
+
+def _memory(progress, threads: int) -> dict:
+    """The memory block on the 0.6B headline configuration."""
+    from . import memory
+
+    _, folder = _headline_model(threads, progress.bar.write)
     return memory.measure(progress, str(folder), threads, frames=MEMORY_FRAMES)
 
 

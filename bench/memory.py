@@ -24,16 +24,16 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     import numpy as np  # noqa: F401  (counted in the runtimes' share, as the engine imports them)
     import onnxruntime  # noqa: F401
 
-    from qwen3_tts_gguf.cpus import default_threads, import_llama
+    from qwen3_tts_gguf.cpus import import_llama
 
     import_llama()
     from qwen3_tts_gguf.codec import CodecDecoder
     from qwen3_tts_gguf.embeddings import EmbeddingTables
     from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
-    from qwen3_tts_gguf.model import EngineSettings
+    from qwen3_tts_gguf.model import EngineSettings, talker_settings
     from qwen3_tts_gguf.predictor import CodePredictor
     from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
-    from qwen3_tts_gguf.talker import Talker, TalkerSettings
+    from qwen3_tts_gguf.talker import Talker
     from qwen3_tts_gguf.tokenizer import TextTokenizer
 
     folder = Path(model_dir)
@@ -44,9 +44,7 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     prompts = PromptBuilder(manifest, TextTokenizer(folder, manifest.tokenizer["pretokenizer"]), tables)
     prompts.build(TEXT, VoiceSpec(speaker=SPEAKER, language=LANGUAGE), TEXT_MODE)
     rss["tokenizer_tables"] = rss_mb()
-    talker = Talker(folder / TALKER_FILE, TalkerSettings(
-        n_ctx=settings.n_ctx, max_streams=STREAMS, cached_prefixes=settings.prefix_cache,
-        threads=default_threads(threads), kv_cache=kv_cache))
+    talker = Talker(folder / TALKER_FILE, talker_settings(settings, manifest.quant))
     rss["talker"] = rss_mb()
     predictor = CodePredictor(folder / PREDICTOR_FILE, threads=threads)
     rss["code_predictor"] = rss_mb()

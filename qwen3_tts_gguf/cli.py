@@ -312,7 +312,7 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-layers", type=parse_gpu_layers, default=0, metavar="N|all",
                    help="talker layers to offload to the GPU, or all (a llama-cpp-python built with Vulkan or "
                         "CUDA: README, GPU backends); refused at start on a build without one (default 0)")
-    p.add_argument("--kv-cache", choices=tuple(KV_CACHE_TYPES), default="q8_0",
+    p.add_argument("--kv-cache", choices=KV_CACHE_TYPES, default="q8_0",
                    help="talker KV cache precision: q8_0 takes half the memory of f16 (agreement: docs/benchmarks.md); "
                         "--deterministic always uses f32 (default %(default)s)")
     p.add_argument("--n-ctx", type=_number(int, 512), default=8192, metavar="CELLS",

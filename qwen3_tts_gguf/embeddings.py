@@ -88,7 +88,7 @@ class EmbeddingTables:
     def frame_rows(self, codes: np.ndarray) -> np.ndarray:
         """Frame embedding of codes [n, 16]: C(code0) + sum_i CP_i(code_i), shape [n, H]."""
         codes = np.asarray(codes, dtype=np.int64)
-        out = self.codec[0][codes[:, 0]].copy()
+        out = self.codec[0][codes[:, 0]]  # (a new f32 array)
         for i in range(1, 16):
             out += self.codec[i][codes[:, i]]
         return out

@@ -36,6 +36,18 @@ class EngineSettings:
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
 
 
+def talker_settings(settings: EngineSettings, quant: str):
+    """The talker's context settings (talker.TalkerSettings) for an engine with `settings` and a
+    talker of quant `quant`."""
+    from .talker import TalkerSettings, repack_pays
+
+    return TalkerSettings(
+        n_ctx=settings.n_ctx, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
+        threads=default_threads(settings.threads), kv_cache=settings.kv_cache,
+        gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
+        repack=repack_pays(quant, deterministic=settings.deterministic, gpu_layers=settings.gpu_layers))
+
+
 class LoadedModel:
     """Everything needed to synthesise with one converted model."""
 
@@ -43,7 +55,7 @@ class LoadedModel:
         from .codec import CodecDecoder
         from .embeddings import EmbeddingTables
         from .predictor import CodePredictor
-        from .talker import Talker, TalkerSettings, repack_pays
+        from .talker import Talker
 
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
@@ -54,12 +66,7 @@ class LoadedModel:
         except (OSError, ValueError) as e:
             raise ModelFolderError(f"{self.folder}: cannot read the tokenizer or text tables ({e})") from e
         self.prompts = PromptBuilder(self.manifest, self.tokenizer, self.tables)
-        self.talker = Talker(self.folder / TALKER_FILE, TalkerSettings(
-            n_ctx=settings.n_ctx, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
-            threads=threads, kv_cache=settings.kv_cache,
-            gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
-            repack=repack_pays(self.manifest.quant, deterministic=settings.deterministic,
-                               gpu_layers=settings.gpu_layers)))
+        self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant))
         self.codec_overlap = settings.codec_overlap and not settings.deterministic and threads >= 2
         codec_threads = settings.codec_threads or threads
         try:

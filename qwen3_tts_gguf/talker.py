@@ -60,9 +60,14 @@ def quiet_llama_logs() -> None:
     llama_cpp.llama_backend_init()
 
 
-KV_CACHE_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0"}
-"""KV cache precisions of the fast profile -> llama.cpp's ggml type. q8_0 halves the cache (112 -> 60
-KB per cell for the 0.6B talker); its agreement with f16 is in docs/benchmarks.md."""
+KV_CACHE_TYPES = ("f16", "q8_0")
+"""KV cache precisions of the fast profile. q8_0 halves the cache (112 -> 60 KB per cell for the 0.6B
+talker); its agreement with f16 is in docs/benchmarks.md. The deterministic profile uses f32."""
+# precision -> (llama.cpp's ggml type, bytes per value, flash attention: a quantized V cache needs it;
+# the parity profile keeps it off; f16 leaves llama.cpp's choice)
+_KV_LAYOUT = {"f32": ("GGML_TYPE_F32", 4.0, "LLAMA_FLASH_ATTN_TYPE_DISABLED"),
+              "f16": ("GGML_TYPE_F16", 2.0, "LLAMA_FLASH_ATTN_TYPE_AUTO"),
+              "q8_0": ("GGML_TYPE_Q8_0", 34 / 32, "LLAMA_FLASH_ATTN_TYPE_ENABLED")}  # 32 int8 + an f16 scale
 
 
 KV_BLOCK = 32  # values per q8_0 block: a quantized cache needs head dimensions that are multiples of it
@@ -156,22 +161,12 @@ class Talker:
         # move large batches' matmuls to the GPU by itself)
         cp.op_offload = bool(settings.gpu_layers)
         cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE
-        if settings.deterministic:
-            cp.type_k = cp.type_v = L.GGML_TYPE_F32
-            cp.flash_attn_type = 0
-        else:
-            self.kv_cache = kv_cache_for(settings.kv_cache, self._head_dim())
-            cp.type_k = cp.type_v = getattr(L, KV_CACHE_TYPES[self.kv_cache])
-            if self.kv_cache != "f16":  # a quantized V cache needs flash attention (the CPU backend has it)
-                cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        self.kv_cache = "f32" if settings.deterministic else self.kv_cache
+        self._set_kv_cache(cp, "f32" if settings.deterministic else kv_cache_for(settings.kv_cache, self._head_dim()))
         self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx and self.kv_cache not in ("f16", "f32"):
             # a GPU backend without flash attention for a quantized cache: f16 rather than no talker
             log.warning("llama.cpp refused a %s KV cache here; using f16", self.kv_cache)
-            self.kv_cache = "f16"
-            cp.type_k = cp.type_v = L.GGML_TYPE_F16
-            cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_AUTO
+            self._set_kv_cache(cp, "f16")
             self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx:
             L.llama_model_free(self._model)
@@ -179,11 +174,18 @@ class Talker:
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(settings.n_batch, self.hidden_size, settings.max_streams)
 
+    def _set_kv_cache(self, cp, kind: str) -> None:
+        """Context parameters for a KV cache of precision `kind` (_KV_LAYOUT)."""
+        ggml_type, _, flash = _KV_LAYOUT[kind]
+        self.kv_cache = kind
+        cp.type_k = cp.type_v = getattr(self._L, ggml_type)
+        cp.flash_attn_type = getattr(self._L, flash)
+
     @property
     def kv_cache_bytes(self) -> int:
         """Size of the KV cache llama.cpp allocated for this context (K and V, every layer, n_ctx cells)."""
         L = self._L
-        per_value = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[self.kv_cache]  # q8_0: 32 int8 + an f16 scale
+        per_value = _KV_LAYOUT[self.kv_cache][1]
         values = (self.settings.n_ctx * L.llama_model_n_layer(self._model) * 2
                   * L.llama_model_n_head_kv(self._model) * self._head_dim())
         return int(values * per_value)
