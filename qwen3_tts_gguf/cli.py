@@ -316,7 +316,7 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                    help="talker KV cache precision: q8_0 takes half the memory of f16 (agreement: docs/benchmarks.md); "
                         "--deterministic always uses f32 (default %(default)s)")
     p.add_argument("--n-ctx", type=_number(int, 512), default=8192, metavar="CELLS",
-                   help="talker KV cells shared by all of a model's streams: memory (60 KB per cell at 0.6B "
+                   help="talker KV cells shared by all of a model's streams: memory (60 KiB per cell at 0.6B "
                         "with q8_0, 112 with f16) against how many long texts run at once (default %(default)s)")
     p.add_argument("--no-codec-overlap", action="store_true",
                    help="decode audio on the engine thread between steps instead of on its own thread beside the "

@@ -61,7 +61,7 @@ def quiet_llama_logs() -> None:
 
 
 KV_CACHE_TYPES = ("f16", "q8_0")
-"""KV cache precisions of the fast profile. q8_0 halves the cache (112 -> 60 KB per cell for the 0.6B
+"""KV cache precisions of the fast profile. q8_0 halves the cache (112 -> 60 KiB per cell for the 0.6B
 talker); its agreement with f16 is in docs/benchmarks.md. The deterministic profile uses f32."""
 # precision -> (llama.cpp's ggml type, bytes per value, flash attention: a quantized V cache needs it;
 # the parity profile keeps it off; f16 leaves llama.cpp's choice)
