@@ -29,6 +29,7 @@ from .registry import ModelRegistry
 from .state import AppState
 from .voice_jobs import VoiceJobs
 from .voices import NoVoiceProfiles, VoiceProfiles
+from .warm_up import warm_up
 
 # Feature routers, in order.
 ROUTERS: tuple[APIRouter, ...] = (speech.router, websocket.router, catalog.router, voice_profiles_module.router,
@@ -60,6 +61,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
         app.state.voice_jobs = voice_jobs = VoiceJobs(limits.voice_workers, limits.voice_queue)
         registry.start()
         try:
+            if config.warm_up_voices:
+                await warm_up(state, config.warm_up_voices)
             yield
         finally:
             registry.stop()  # first: a running voice design ends with its engine

@@ -17,6 +17,7 @@ from .clients import parse_networks
 from .limits import ServerLimits
 
 API_KEY_ENV = "QTTS_API_KEY"
+SERVE_WARM_UP_VOICES = ("alloy",)  # OpenAI's best-known voice: what most clients send first
 DEFAULT_WEBUI_DIR = PROJECT_ROOT / "webui"
 
 
@@ -42,6 +43,9 @@ class ServerConfig:
     """"text", or "json": one object per log line and an access record per request (`api/logs.py`)."""
     usage_log: Path | None = None
     """A file that gets one JSON line per finished stream, every route (`api/usage.py`); None = none."""
+    warm_up_voices: tuple[str, ...] = ()
+    """Voices that speak a short text before the port opens (`api/warm_up.py`); `serve` defaults to
+    alloy, an app made in code to none (its engines may be test doubles)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
@@ -49,6 +53,7 @@ class ServerConfig:
         missing --api-key."""
         given = {name: getattr(args, name) for name in ("drain_timeout_s", "log_format", "usage_log")
                  if getattr(args, name, None) is not None}
+        warm_up_voices = getattr(args, "warm_up_voices", None)
         return cls(
             host=args.host,
             port=args.port,
@@ -56,6 +61,7 @@ class ServerConfig:
             cors_origins=tuple(args.cors_origin or ()),
             voices_dir=args.voices_dir or voices_dir(),
             limits=limits_from_args(args),
+            warm_up_voices=SERVE_WARM_UP_VOICES if warm_up_voices is None else warm_up_voices,
             **given,
         )
 

@@ -4,6 +4,7 @@
 stress-ng loads, ours and official side by side), merged into the latest saved full results.
 `python -m bench --only memory`: only the memory block (RSS per part and at 8 streams, per KV cache).
 `python -m bench --only overlap`: only the codec-overlap block (codec inline vs on its own thread).
+`python -m bench --only codec`: only the codec-precision block (fp16, int8, a polynomial Snake: speed and SNR).
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
 """
@@ -96,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(bench/out/results-full-*.json) and re-render the report (without a saved full run, only "
                         "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
                         "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
-                        "min); overlap, the codec inline against on its own thread (about 5 min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
+                        "min); overlap, the codec inline against on its own thread (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -257,7 +258,7 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (2 if plan["memory"] else 0)
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (3 if plan["memory"] else 0)
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -407,6 +408,9 @@ def run(args) -> dict:
             step("codec overlap")
             results["overlap"] = _overlap(threads, plan["quiet_s"])
             bar.update()
+            step("codec precisions")
+            results["codec"] = _codec(progress, threads, plan["quiet_s"])
+            bar.update()
         # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
         step("machine limits (again)")
         if budget.allows("machine limits, second measurement", 20):
@@ -459,9 +463,22 @@ def _overlap(threads: int, quiet_s: float) -> dict:
             "frames": OVERLAP_FRAMES, "rounds": OVERLAP_ROUNDS, **res}
 
 
+def _codec(progress, threads: int, quiet_s: float) -> dict:
+    """The codec-precision block on the headline model's codec (bench/codec_precision.py), in a worker."""
+    from . import machine
+
+    _, folder = _headline_model(threads, progress.bar.write)
+    info = machine.describe()
+    res = one_shot(progress, "codec", {"model_dir": str(folder), "threads": threads, "rounds": CODEC_ROUNDS,
+                                       "quiet_s": quiet_s}, 900)
+    return {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"], **res}
+
+
 MEMORY_FRAMES = 24  # frames per stream of the memory block's eight streams
 OVERLAP_FRAMES, OVERLAP_ROUNDS = 32, 5
-ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory", "overlap": "## Codec overlap"}
+CODEC_ROUNDS = 5
+ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory", "overlap": "## Codec overlap",
+               "codec": "## Codec precision"}
 """--only NAME -> its section of the report"""
 
 
@@ -484,6 +501,8 @@ def run_only(args) -> dict:
             block = _busy(progress, bar.write, step, plan, plan["threads"][0], official=not args.no_official)
         elif args.only == "memory":
             block = _memory(progress, plan["threads"][0])
+        elif args.only == "codec":
+            block = _codec(progress, plan["threads"][0], plan["quiet_s"])
         else:
             block = _overlap(plan["threads"][0], plan["quiet_s"])
         bar.update()
@@ -516,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
-    from .report import render, render_busy, render_memory, render_overlap, splice_section
+    from .report import ONLY_RENDERERS, render, splice_section
 
     if args.only:
         results = run_only(args)
@@ -541,8 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"results: {saved.relative_to(ROOT)} ({(results['finished'] - results['started']) / 60:.1f} min)")
     if results.get("only"):  # no full results to render from: replace this section of the report only
         block = results["only"]
-        renderer = {"busy": render_busy, "memory": render_memory, "overlap": render_overlap}[block]
-        section = renderer(results[block], standalone=True)
+        section = ONLY_RENDERERS[block](results[block], standalone=True)
         if args.no_doc:
             print(section)
             return 0

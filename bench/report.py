@@ -167,6 +167,8 @@ def render(res: dict) -> str:
         w(render_memory(res["memory"]))
     if res.get("overlap"):
         w(render_overlap(res["overlap"]))
+    if res.get("codec"):
+        w(render_codec(res["codec"]))
 
     # -- machine limits -------------------------------------------------------------------
     L = res.get("machine_limits", {})
@@ -415,7 +417,11 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
         w(f"| request sent → first PCM byte, s | {_f(_med(runs, 'first_audio_s'), 3)} | {_f(_best(runs, 'first_audio_s'), 3)} |")
         w(f"| whole response, s | {_f(_med(runs, 'total_s'), 2)} | {_f(_best(runs, 'total_s'), 2)} |")
         w(f"| RTF | {_f(_med(runs, 'rtf'), 2)} | {_f(_best(runs, 'rtf'), 2)} |")
-        w(f"| server start until /v1/models answers, s | {_f(http.get('startup_s'), 1)} | |")
+        first = http.get("first_request") or {}
+        if first:
+            w(f"| the first request after the start (the server's warm-up spoke this voice and language before its "
+              f"port opened), first PCM byte, s | {_f(first.get('first_audio_s'), 3)} | |")
+        w(f"| server start until /v1/models answers (warm-up included), s | {_f(http.get('startup_s'), 1)} | |")
         w("")
 
     # -- official ------------------------------------------------------------------------
@@ -786,6 +792,52 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
         w(line + ".")
     w("")
     return "\n".join(out) + "\n"
+
+
+def render_codec(block: dict, standalone: bool = False) -> str:
+    """The "Codec precision" section (also spliced alone into an existing report by `--only codec`)."""
+    from .codec_precision import GATE_DB, GATE_SPEEDUP, REFERENCE, speed_ratio, verdict
+
+    out: list[str] = []
+    w = out.append
+    w("## Codec precision\n")
+    w(_block_origin(block, "codec", standalone) + f": the 0.6B headline model's codec, {block.get('threads', 2)} "
+      f"threads, {block.get('frames')} random frames decoded in the engine's chunks "
+      f"({' + '.join(map(str, block.get('chunks', [])))}), {block.get('rounds')} rounds with the variants "
+      "alternating, one process.\n")
+    variants = block.get("variants") or {}
+    if "error" in block or not variants:
+        w(f"**Not measured**: {block.get('error', 'no variant ran')}.\n")
+        return "\n".join(out) + "\n"
+    w("Each variant is built by the bench from the converted fp32 graph. *SNR* and *max difference*: its samples "
+      "against the fp32 graph's for the same chunks. A variant may become the default only at an SNR of at least "
+      f"{GATE_DB:.0f} dB and if it is at least {100 * (1 - GATE_SPEEDUP):.0f} % faster (less is within the rounds' "
+      "noise). Random weights only: real checkpoints must be measured again.\n")
+    ref = variants.get(REFERENCE, {})
+    w("| codec graph | what changes | file, MiB | ms per frame, median (best) | × fp32 (per round) | SNR, dB | max difference "
+      "| verdict | bg |")
+    w("|---|---|---|---|---|---|---|---|---|")
+    for name, v in variants.items():
+        ms = v.get("ms_per_frame") or []
+        speed = f"{median(ms):.1f} ({min(ms):.1f})" if ms else "–"
+        ratio = speed_ratio(v, ref)
+        ratio = f"{ratio:.2f}" if ratio is not None else "–"
+        snr = "exact" if name == REFERENCE else (f"{v['snr_db']:.1f}" if v.get("snr_db") is not None else "–")
+        diff = f"{v['max_abs_diff']:.1e}" if "max_abs_diff" in v and name != REFERENCE else ""
+        bg = f"{100 * median(v['background']):.0f} %" if v.get("background") else "–"
+        w(f"| {name} | {v.get('changes', '')} | {v.get('file_mb', 0):.0f} | {speed} | {ratio} | {snr} | {diff} "
+          f"| {verdict(name, v, ref)} | {bg} |")
+    passing = [n for n, v in variants.items() if n != REFERENCE and verdict(n, v, ref) == "meets the gate"]
+    w("")
+    w("Meets the gate: " + ", ".join(passing) + ".\n" if passing else
+      "No variant meets the gate, so the fp32 codec stays the default. ONNX Runtime's CPU kernels set the limits here: integer convolutions quantize every activation to 8 "
+      "bits per tensor, which random weights' wide activations do not survive; fp16 gains little without "
+      "native fp16 arithmetic; and a Snake in a dozen elementwise passes costs more than its one `Sin`.\n")
+    return "\n".join(out) + "\n"
+
+
+ONLY_RENDERERS = {"busy": render_busy, "memory": render_memory, "overlap": render_overlap, "codec": render_codec}
+"""`--only NAME` -> the renderer of its section"""
 
 
 def splice_section(doc: str, title: str, section: str) -> str:

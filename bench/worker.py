@@ -3,7 +3,8 @@ official pipeline, llama.cpp + ONNX Runtime for ours) never mix.
 
 One-shot tasks: `python -m bench.worker TASK PARAMS_JSON OUT_JSON` with TASK machine (bandwidth,
 GFLOP/s), costs (bytes/FLOPs of a model folder), agreement (quantized paths against precise ones),
-memory (resident memory per part, `bench/memory.py`) or http (the HTTP server).
+memory (resident memory per part, `bench/memory.py`), codec (the codec graph's precisions,
+`bench/codec_precision.py`) or http (the HTTP server).
 
 Sessions: `python -m bench.worker session ours|official PARAMS_JSON` loads a model once, answers
 `{"ready": ...}`, then runs one operation per JSON line read from stdin (`{"op": "single",
@@ -64,6 +65,10 @@ def _one_shot(task: str, params: dict, out: Path) -> int:
 
             args = (params["model_dir"], params["threads"], params["kv_cache"])
             result = memory.parts(*args) if params["phase"] == "parts" else memory.peak(*args, params["frames"])
+        elif task == "codec":
+            from bench import codec_precision
+
+            result = codec_precision.measure(progress=progress, **params)
         elif task == "http":
             from bench.http_ttfa import run
 

@@ -355,6 +355,20 @@ def _number(kind, minimum):
 _COUNT, _SECONDS, _COUNT0 = _number(int, 1), _number(float, None), _number(int, 0)
 
 
+MAX_WARM_UP_VOICES = 16
+
+
+def _voice_list(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated voice names (at most 16, each at most 128 characters);
+    "" or "none": none."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if names == ("none",):
+        return ()
+    if len(names) > MAX_WARM_UP_VOICES or any(len(name) > 128 for name in names):
+        raise argparse.ArgumentTypeError(f"at most {MAX_WARM_UP_VOICES} voice names of at most 128 characters")
+    return names
+
+
 def _resume_window(text: str) -> float:
     """An argparse type: seconds from 0 to 600 (api.limits.MAX_RESUME_WINDOW_S)."""
     value = float(text)
@@ -561,6 +575,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "access record per request")
     p.add_argument("--usage-log", type=Path, metavar="PATH",
                    help="append one JSON line per finished stream (every route: usage, finish reason) to PATH")
+    p.add_argument("--warm-up-voices", type=_voice_list, metavar="VOICES",
+                   help="before the port opens, each of these voices (comma-separated VOICE or VOICE:LANGUAGE, or "
+                        "none) speaks a short text on every model it fits, so that first requests find the runtimes "
+                        "warm and that voice's prompt prefix cached (default alloy, language auto)")
     _add_device_args(p)
     _add_limit_args(p)
     p.set_defaults(func=_cmd_serve)

@@ -1,0 +1,81 @@
+"""Warm-up before the server takes requests (`serve --warm-up-voices`, default alloy).
+
+Each listed voice (`VOICE`, or `VOICE:LANGUAGE` for requests that name a language: the language
+is part of the cached prefix; without one, `auto`, as OpenAI clients send) speaks a short text on every served model it fits, through the same engine path
+as a request. The first real request then finds the runtimes' first-call costs paid (llama.cpp's
+graph and the pages of its memory-mapped weights, ONNX Runtime's first runs) and that voice's
+prompt prefix (role, speaker and language rows) in the engine's prefix cache, so only its text is
+prefilled. It runs in the app's lifespan, before uvicorn opens its port, so no client waits on it
+and `/ready` is only ever answered by a warm server. A voice that fits no model is logged and
+skipped; a warm-up that fails is logged and does not stop the server (`/ready` reports engine health).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from qwen3_tts_gguf.prompt import VoiceSpec
+from qwen3_tts_gguf.request import SynthesisRequest
+
+from .errors import APIError
+from .registry import ServedModel
+from .state import AppState
+from .voices import resolve_voice
+
+log = logging.getLogger("api.warm_up")
+
+TEXT = "Hello."
+FRAMES = 2  # enough to run every stage once: talker, code predictor, codec
+TIMEOUT_S = 120.0  # per voice and model: a first call on a cold disk can take a while
+
+
+async def warm_up(state: AppState, voices: Sequence[str]) -> int:
+    """Speak TEXT in each voice on each served model it fits; returns how many warm-ups finished."""
+    done = 0
+    for name in voices:
+        fitted = [(served, voice) for served in state.registry.models
+                  if (voice := _resolve(state, served, *split_voice(name))) is not None]
+        if not fitted:
+            log.warning("warm-up: voice %s fits no served model; skipped", name)
+        for served, voice in fitted:
+            done += await _speak(served, name, voice)
+    return done
+
+
+def split_voice(entry: str) -> tuple[str, str | None]:
+    """"ryan:english" -> ("ryan", "english"); "ryan" -> ("ryan", None)."""
+    voice, _, language = entry.partition(":")
+    return voice, language or None
+
+
+def _resolve(state: AppState, served: ServedModel, voice: str, language: str | None) -> VoiceSpec | None:
+    try:
+        return resolve_voice(served.manifest, voice, None, language, state.voice_profiles).spec
+    except APIError:
+        return None
+
+
+async def _speak(served: ServedModel, name: str, voice: VoiceSpec) -> bool:
+    """One short utterance through the engine, its audio dropped; False (logged) when it failed."""
+    start = time.perf_counter()
+    request = SynthesisRequest(text=TEXT, voice=voice, max_frames=FRAMES, seed=0, ignore_eos=True)
+    stream = None
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            stream = await asyncio.to_thread(served.engine.submit, request, asyncio.get_running_loop())
+            async for _ in stream:
+                pass
+    except Exception as e:  # the server starts anyway: /ready tells whether the engine is healthy
+        if stream is not None:
+            stream.cancel()
+        log.warning("warm-up: voice %s on model %s failed: %s", name, served.id,
+                    f"no audio within {TIMEOUT_S:g} s" if isinstance(e, TimeoutError) else e)
+        return False
+    if stream.result.error:
+        log.warning("warm-up: voice %s on model %s failed: %s", name, served.id, stream.result.error)
+        return False
+    log.info("warm-up: voice %s on model %s in %.2f s", name, served.id, time.perf_counter() - start)
+    return True
