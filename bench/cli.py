@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from qwen3_tts_gguf.convert.presets import PRESETS
+
 from .common import CACHE, LONG_FRAMES, OUT, ROOT, wait_for_quiet
 
 # As the bench was started, before anything here loads llama_cpp: `qwen3_tts_gguf.cpus.import_llama` sets the
@@ -280,6 +282,9 @@ def run(args) -> dict:
             cp0 = plan["cp_precisions"][0]
             configs = [(head_quant, cp0, threads)] + [(q, cp0, threads) for q in plan["quants"] if q != head_quant]
             configs += [(head_quant, cp, threads) for cp in plan["cp_precisions"][1:]]
+            fast = PRESETS["fast"]  # the converter's fastest preset, both of its formats together
+            if fast.quant in plan["quants"] and fast.cp_precision in plan["cp_precisions"]:
+                configs.append((fast.quant, fast.cp_precision, threads))
             configs += [(head_quant, cp0, t) for t in plan["sweep_threads"] if t != threads]
             bar.total += len(configs)
             step(f"{shape}: checkpoint + conversions")

@@ -4,6 +4,7 @@
     python -m bench.experiments codec-overlap [--rounds 6]  # codec inline vs on its own thread
     python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
+    python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
 
 Nothing here changes the engine: variants pass EngineSettings fields, patch a worker process (`ours._with_llama_repack`) or
 set environment variables. (ONNX Runtime's threads no longer spin in the engine itself.) Variants alternate round by round so they share the background load of
@@ -55,6 +56,19 @@ def codec_overlap(args) -> dict:
         "codec overlapped, 1 codec thread": (dict(base, engine={"codec_overlap": True, "codec_threads": 1}), {}),
         "codec overlapped, as many codec threads (default)": (dict(base, engine={"codec_overlap": True}), {}),
     })
+
+
+def presets(args) -> dict:
+    """The converter's presets side by side: `default` (q8_0 + int8) against `fast` (q4_k_m + int4)."""
+    from qwen3_tts_gguf.convert.presets import PRESETS
+
+    variants = {}
+    for name in ("default", "fast"):
+        preset = PRESETS[name]
+        model = _model_dir(args.shape, preset.quant, preset.cp_precision)
+        variants[f"--preset {name} ({preset.quant} + {preset.cp_precision})"] = (
+            dict(_session_base(args), model_dir=str(model), threads=args.threads), {})
+    return _compare(args, variants)
 
 
 def _session_base(args) -> dict:
@@ -190,7 +204,7 @@ def codec_batch(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=("engine-knobs", "codec-overlap", "cp-quant", "codec-batch"))
+    p.add_argument("experiment", choices=("engine-knobs", "codec-overlap", "cp-quant", "codec-batch", "presets"))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
@@ -198,7 +212,7 @@ def main(argv=None) -> int:
     p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")
     args = p.parse_args(argv)
     fn = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
-          "codec-batch": codec_batch}[args.experiment]
+          "codec-batch": codec_batch, "presets": presets}[args.experiment]
     started = time.time()
     result = fn(args)
     result.update(experiment=args.experiment, args=vars(args), started=started, finished=time.time())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from qwen3_tts_gguf.convert.presets import PRESETS
+
 from .busy import LOADS as BUSY_LOADS
 from .common import FRAME_RATE, TEXT, median
 
@@ -338,7 +340,9 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
                 w(f"| {quant} | {cp} | | {t} | failed: {r.get('error') or '; '.join(r.get('errors', []))} | | | | | | | | |")
                 continue
             s = r["single"]
-            w(f"| {quant} | {r.get('predictor_precision')} | {r.get('text_mode')} | {t} | "
+            preset = next((f" (`--preset {name}`)" for name, p in PRESETS.items()
+                           if name != "default" and (p.quant, p.cp_precision) == (quant, cp)), "")
+            w(f"| {quant}{preset} | {r.get('predictor_precision')} | {r.get('text_mode')} | {t} | "
               f"{_f(_med(s, 'first_audio_s'), 2)} ({_f(_best(s, 'first_audio_s'), 2)}) | "
               f"{_f(_med(s, 'rtf'), 2)} ({_f(_best(s, 'rtf'), 2)}) | "
               f"{_f(_med(s, 'talker_step_ms'))} ({_f(_best(s, 'talker_step_ms'))}) | {_ms(_med(s, 'prefill_s'))} | "

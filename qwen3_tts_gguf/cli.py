@@ -28,7 +28,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .convert.verify import VerificationError
 
     try:
-        convert_checkpoint(args.hf_dir, args.output, args.quant, name=args.name, cp_precision=args.cp_precision,
+        quant, cp_precision = _weight_formats(args)
+        convert_checkpoint(args.hf_dir, args.output, quant, name=args.name, cp_precision=cp_precision,
                            overwrite=args.force, verify=not args.no_verify, threads=args.threads)
     except (CheckpointError, FileExistsError, VerificationError) as e:
         raise CliError(str(e)) from e
@@ -279,10 +280,12 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     from .paths import model_base_dir
 
     repo_name = args.repo_id.rstrip("/").split("/")[-1]
-    out = (args.output or model_base_dir()) / f"{repo_name}-{args.quant}"
+    quant, cp_precision = _weight_formats(args)
+    suffix = quant if cp_precision == "int8" else f"{quant}-cp{cp_precision}"  # int8: the names pull always gave
+    out = (args.output or model_base_dir()) / f"{repo_name}-{suffix}"
     try:
         source = args.from_dir or download_checkpoint(args.repo_id, args.source)
-        convert_checkpoint(source, out, args.quant, cp_precision=args.cp_precision, overwrite=args.force)
+        convert_checkpoint(source, out, quant, cp_precision=cp_precision, overwrite=args.force)
     except (DownloadError, CheckpointError, FileExistsError, VerificationError) as e:
         raise CliError(str(e)) from e
     print(f"ready: {out}")
@@ -295,9 +298,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
-def _add_cp_precision(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cp-precision", choices=("fp32", "int8", "int4"), default="int8",
-                   help="code predictor weights (default int8: ~2-3x faster; fp32 is the parity precision)")
+def _add_weight_args(p: argparse.ArgumentParser) -> None:
+    """--preset, --quant and --cp-precision (convert and pull); `_weight_formats` resolves them."""
+    from .convert.presets import DEFAULT_PRESET, PRESETS
+    from .convert.talker_gguf import QUANTS
+
+    p.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET,
+                   help="weight formats chosen together: " + "; ".join(f"{name}: {preset.summary}"
+                                                                       for name, preset in PRESETS.items())
+                        + " (default %(default)s)")
+    p.add_argument("--quant", choices=QUANTS, help="talker weight format (default: the preset's; f32 is exact)")
+    p.add_argument("--cp-precision", choices=("fp32", "int8", "int4"),
+                   help="code predictor weights (default: the preset's; int8 is ~2-3x faster than fp32, the "
+                        "parity precision)")
+
+
+def _weight_formats(args: argparse.Namespace) -> tuple[str, str]:
+    from .convert.presets import weight_formats
+
+    return weight_formats(args.preset, args.quant, args.cp_precision)
 
 
 def _add_device_args(p: argparse.ArgumentParser) -> None:
@@ -449,8 +468,6 @@ def _add_limit_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .convert.talker_gguf import QUANTS
-
     parser = argparse.ArgumentParser(prog="python -m qwen3_tts_gguf",
                                      description="Qwen3-TTS-X: local streaming Qwen3-TTS.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=EnvArgumentParser)
@@ -458,9 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert an official Hugging Face checkpoint into a model folder")
     p.add_argument("hf_dir", type=Path, help="checkpoint folder as published (config.json, model.safetensors, ...)")
     p.add_argument("-o", "--output", type=Path, required=True, help="model folder to write, e.g. model-base/<name>")
-    p.add_argument("--quant", choices=QUANTS, default="q8_0", help="talker weight format (default q8_0; f32 is exact)")
     p.add_argument("--name", help="model name (default: the output folder's name)")
-    _add_cp_precision(p)
+    _add_weight_args(p)
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-verify", action="store_true", help="skip the self-check of the written graphs")
     p.add_argument("--threads", type=int, default=0, help="threads for quantization (default: all)")
@@ -533,9 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="download an official checkpoint and convert it into model-base/")
     p.add_argument("repo_id", help="e.g. Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
-    p.add_argument("--quant", choices=QUANTS, default="q8_0")
     p.add_argument("--source", choices=("huggingface", "modelscope"), default="huggingface")
-    _add_cp_precision(p)
+    _add_weight_args(p)
     p.add_argument("--from-dir", type=Path, help="use a checkpoint folder already downloaded")
     p.add_argument("--output", type=Path, help="parent folder (default: model-base/)")
     p.add_argument("--force", action="store_true", help="replace an existing converted model")

@@ -259,3 +259,22 @@ def test_pull_from_a_downloaded_folder(tiny_cv, tmp_path):
     target = tmp_path / "Qwen3-TTS-12Hz-0.6B-CustomVoice-f32"
     assert f"ready: {target}" in r.stdout
     assert load_manifest(target).quant == "f32"
+
+
+def test_a_preset_chooses_both_formats_and_a_flag_overrides_half(tiny_cv, tmp_path):
+    from qwen3_tts_gguf.cli import _weight_formats, build_parser
+
+    def formats(*argv):
+        return _weight_formats(build_parser().parse_args(["convert", "ckpt", "-o", "out", *argv]))
+
+    assert formats() == ("q8_0", "int8")
+    assert formats("--preset", "fast") == ("q4_k_m", "int4")
+    assert formats("--preset", "exact") == ("f32", "fp32")
+    assert formats("--preset", "fast", "--cp-precision", "int8") == ("q4_k_m", "int8")
+    assert formats("--quant", "q5_k_m") == ("q5_k_m", "int8")
+    r = _cli("pull", "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "--from-dir", tiny_cv, "--preset", "fast",
+             "--output", tmp_path)
+    target = tmp_path / "Qwen3-TTS-12Hz-0.6B-CustomVoice-q4_k_m-cpint4"
+    assert f"ready: {target}" in r.stdout
+    assert load_manifest(target).quant == "q4_k_m"
+    assert "MatMulNBits" in {n.op_type for n in __import__("onnx").load(target / "code_predictor.onnx").graph.node}
