@@ -22,6 +22,9 @@ fails the streams it touched and resets the engine's state; if the worker thread
 says so, waiting requests are failed, and `restart()` starts a new worker (`api/registry.py`
 supervises). KV cells are reserved per stream for its worst case before it starts; a prompt that
 cannot fit one stream's context is refused at submit (`ContextLengthExceeded`).
+Voice prefixes (role, speaker, language rows) stay in the KV cache for later streams of the same
+voice (fast profile); a live stream still waiting for its first words has its voice prefix prefilled
+meanwhile, so its words only prefill themselves.
 The engine knows nothing of HTTP.
 """
 
@@ -61,6 +64,11 @@ MAX_PENDING_FRAMES = 16
 makes no more until they are decoded: one codec call never grows past it."""
 MIN_SEGMENT_CHARS = 16
 """A segment is split no further than this to make it fit the context."""
+
+
+def _prefix_key(rows: np.ndarray) -> str:
+    """The prefix cache's key for a voice prefix's rows."""
+    return hashlib.sha1(np.ascontiguousarray(rows).tobytes()).hexdigest()
 
 
 class EngineBusy(RuntimeError):
@@ -145,13 +153,14 @@ class Engine:
         self.heartbeat = time.monotonic()
         """Updated by the worker at least every 0.25 s while it is not inside one model call."""
         self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0, "errors": 0,
-                      "prefix_hits": 0, "paused": 0}
+                      "prefix_hits": 0, "prefixes_warmed": 0, "paused": 0}
         self._primed: dict[str, CodecState] = {}
         # voice prefixes kept in the KV cache: key -> (sequence, rows), least recently used first
         self._prefixes: OrderedDict[str, tuple[int, int]] = OrderedDict()
         first = self.settings.max_streams
         self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
         self._forget_prefixes = False
+        self._warm_tried: set[int] = set()  # ids of live streams waiting for text whose prefix was tried
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
         self._codec_pool: ThreadPoolExecutor | None = None  # the overlapped codec: one thread, jobs in order
         self._primed_lock = threading.Lock()
@@ -390,6 +399,8 @@ class Engine:
     def _runnable(self) -> bool:
         if any(s.cancelled for s in self._waiting_text):
             return True
+        if self._prefix_seqs and any(id(s) not in self._warm_tried for s in self._waiting_text):
+            return True
         if any(a.codec_fault is not None or (a.pending and not a.codec_busy and a.chunks.due(len(a.pending), self.clock()))
                for a in self._active.values()):
             return True
@@ -406,9 +417,11 @@ class Engine:
         for stream in list(self._waiting_text):
             if stream.cancelled:
                 self._waiting_text.remove(stream)
+                self._warm_tried.discard(id(stream))
                 self._end_unstarted(stream, "cancelled")
             elif stream.text.ready():
                 self._waiting_text.remove(stream)
+                self._warm_tried.discard(id(stream))
                 self._waiting.append(stream)
                 self._room_changed = True
 
@@ -440,6 +453,7 @@ class Engine:
             self._end_unstarted(stream, reason, error, retryable=retryable)
         self._waiting.clear()
         self._waiting_text.clear()
+        self._warm_tried.clear()
 
     def _reset_state(self) -> None:
         """After a failure: every KV cell, slot, cached prefix and decoder state forgotten."""
@@ -470,7 +484,9 @@ class Engine:
                     self._forget_prefixes = False
                     self._room_changed = True
                 admitted = self._admit()
+                unwarmed = self._unwarmed_prefixes()
             try:
+                self._warm_prefixes(unwarmed)
                 self._iterate(admitted)
             except Exception:  # a bug outside any one stream's work: its state is unknown, start clean
                 log.exception("engine iteration of %s failed; ending its streams", self.model.name)
@@ -504,7 +520,7 @@ class Engine:
         rows, prefix = act.text.prefill_rows(), act.text.prefix_len()
         if not self._prefix_seqs or not 0 < prefix < len(rows):
             return DecodeItem(act.seq, 0, rows)
-        key = hashlib.sha1(np.ascontiguousarray(rows[:prefix]).tobytes()).hexdigest()
+        key = _prefix_key(rows[:prefix])
         cached = self._prefixes.get(key)
         if cached is None:
             act.new_prefix = (key, prefix)
@@ -520,14 +536,51 @@ class Engine:
         act.new_prefix = None
         if key in self._prefixes:
             return
+        seq = self._prefix_slot(rows)
+        if seq is not None:
+            self.model.talker.copy(act.seq, seq, rows)
+            self._prefixes[key] = (seq, rows)
+
+    def _prefix_slot(self, rows: int) -> int | None:
+        """A free prefix sequence for `rows` cells (the least recently used prefix evicted when all
+        are taken); None when the pool has no room: reservations come first."""
         if len(self._prefixes) >= len(self._prefix_seqs):
             _, (seq, _) = self._prefixes.popitem(last=False)
             self.model.talker.drop(seq)
         if self._cells_in_use() + rows > self.settings.n_ctx:
-            return  # no room for the cache: reservations come first
-        seq = next(s for s in self._prefix_seqs if s not in {v[0] for v in self._prefixes.values()})
-        self.model.talker.copy(act.seq, seq, rows)
-        self._prefixes[key] = (seq, rows)
+            return None
+        return next(s for s in self._prefix_seqs if s not in {v[0] for v in self._prefixes.values()})
+
+    def _unwarmed_prefixes(self) -> dict[str, np.ndarray]:
+        """Voice prefixes of live streams waiting for their first words, not cached yet (each stream's
+        is tried once)."""
+        if not self._prefix_seqs:
+            return {}
+        out = {}
+        for stream in self._waiting_text:
+            if id(stream) in self._warm_tried:
+                continue
+            self._warm_tried.add(id(stream))
+            rows = stream.text.prefix_rows()
+            key = _prefix_key(rows)
+            if not stream.cancelled and len(rows) and key not in self._prefixes:
+                out[key] = rows
+        return out
+
+    def _warm_prefixes(self, prefixes: dict[str, np.ndarray]) -> None:
+        """Prefill each prefix into the prefix cache (its stream's words then prefill only themselves)."""
+        for key, rows in prefixes.items():
+            seq = None if key in self._prefixes else self._prefix_slot(len(rows))
+            if seq is None:
+                continue
+            try:
+                self.model.talker.decode([DecodeItem(seq, 0, rows)])
+            except Exception:  # the stream's own prefill will do it; nothing else is touched
+                log.warning("prefilling a voice prefix of %s failed", self.model.name, exc_info=True)
+                self.model.talker.drop(seq)
+                continue
+            self._prefixes[key] = (seq, len(rows))
+            self.stats["prefixes_warmed"] += 1
 
     def _admit(self) -> list[_Active]:
         self._room_changed = False

@@ -316,6 +316,11 @@ class FedText:
     def prefix_len(self) -> int:
         return len(self._prefix)
 
+    def prefix_rows(self) -> np.ndarray:
+        """The voice's prompt prefix (role, speaker, language rows; as `prefill_rows` begins): known
+        before any text."""
+        return self._prefix.astype(np.float32, copy=False)
+
     def row(self, step: int) -> np.ndarray | None:
         """Text part of decode step `step`; None = that text has not arrived yet."""
         ids, closed = self._text()

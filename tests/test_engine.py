@@ -11,6 +11,7 @@ from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.sampler import SamplingParams
 from qwen3_tts_gguf.scheduler import Engine
 from tests.reference.runner import official_generate
+from tests.waiting import wait_until
 
 FRAMES = 40
 # Both sides are fp32 renderings of the same math: PyTorch's own fp32 differs from fp64 by up to
@@ -323,3 +324,31 @@ def test_live_text_with_an_in_context_clone_equals_the_whole_text(converted_fact
             list(live)
             np.testing.assert_array_equal(live.result.codes, whole.codes)
     model.close()
+
+
+def test_a_live_stream_waiting_for_words_has_its_voice_prefix_prefilled(converted_factory):
+    """Fast profile: while a live stream waits for its first words the engine prefills its voice
+    prefix into the prefix cache; the words then hit it, and the codes equal a run without the cache."""
+    folder = converted_factory("tiny_cv", "f32")
+    text = "Hello world, this is a parity test."
+    codes = {}
+    for slots in (0, 4):
+        model = LoadedModel(folder, EngineSettings(max_streams=2, prefix_cache=slots))
+        with Engine(model) as engine:
+            live = engine.open_text_stream(greedy_request("", "ryan", "english", frames=12))
+            if slots:
+                wait_until(lambda: engine.stats["prefixes_warmed"] == 1, "the voice prefix prefilled")
+            assert engine.stats["prefix_hits"] == 0
+            live.push_text(text)
+            live.close_text()
+            list(live)
+            assert engine.stats["prefix_hits"] == (1 if slots else 0)
+            assert engine.stats["prefixes_warmed"] == (1 if slots else 0)
+            codes[slots] = live.result.codes
+            again = engine.open_text_stream(greedy_request("", "ryan", "english", frames=12))  # cached already
+            again.push_text(text)
+            again.close_text()
+            list(again)
+            assert engine.stats["prefixes_warmed"] == (1 if slots else 0)
+        model.close()
+    np.testing.assert_array_equal(codes[0], codes[4])
