@@ -228,8 +228,9 @@ class Talker:
                 batch.pos[n] = item.pos + r
                 batch.n_seq_id[n] = 1
                 batch.seq_id[n][0] = item.seq
-                batch.logits[n] = 1
-                if r == len(rows) - 1:
+                last = r == len(rows) - 1
+                batch.logits[n] = last  # only the last row's outputs are read: llama.cpp skips the rest
+                if last:
                     pending.append((k, n))
                 n += 1
         if n:
