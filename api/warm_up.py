@@ -1,8 +1,8 @@
 """Warm-up before the server takes requests (`serve --warm-up-voices`, default alloy).
 
 Each listed voice (`VOICE`, or `VOICE:LANGUAGE` for requests that name a language: the language
-is part of the cached prefix; without one, `auto`, as OpenAI clients send) speaks a short text on every served model it fits, through the same engine path
-as a request. The first real request then finds the runtimes' first-call costs paid (llama.cpp's
+is part of the cached prefix; without one, `auto`, as OpenAI clients send) speaks a short text on
+every served model it fits, through the same engine path as a request. The first real request then finds the runtimes' first-call costs paid (llama.cpp's
 graph and the pages of its memory-mapped weights, ONNX Runtime's first runs) and that voice's
 prompt prefix (role, speaker and language rows) in the engine's prefix cache, so only its text is
 prefilled. It runs in the app's lifespan, before uvicorn opens its port, so no client waits on it
@@ -39,7 +39,7 @@ async def warm_up(state: AppState, voices: Sequence[str]) -> int:
         fitted = [(served, voice) for served in state.registry.models
                   if (voice := _resolve(state, served, *split_voice(name))) is not None]
         if not fitted:
-            log.warning("warm-up: voice %s fits no served model; skipped", name)
+            log.info("warm-up: voice %s fits no served model; skipped", name)
         for served, voice in fitted:
             done += await _speak(served, name, voice)
     return done

@@ -201,16 +201,17 @@ def render(res: dict) -> str:
 
     w("## Reproduce\n")
     w("```\n. .venv/bin/activate\npython -m bench --quick      # < 5 min: 0.6B, q8_0\n"
-      "python -m bench              # every quant, thread sweep, 0.6B and 1.7B, busy machine, memory, overlap\n"
+      "python -m bench              # every quant, thread sweep, 0.6B and 1.7B, busy machine, memory, overlap, codec\n"
       "python -m bench --only busy  # ~15 min: only the busy-machine block, merged into the last full results\n"
       "python -m bench --only memory    # ~2 min: RSS per part and at 8 streams, per KV-cache precision\n"
       "python -m bench --only overlap   # ~5 min: the codec inline against on its own thread\n"
+      "python -m bench --only codec     # ~3 min: the codec graph in other precisions, speed and SNR\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
       "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
       "Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision, "
-      "batching the codec, the codec's thread) are measured separately by "
-      "`python -m bench.experiments engine-knobs|codec-overlap|cp-quant|codec-batch`.\n")
+      "batching the codec, the codec's thread, the converter's presets) are measured separately by "
+      "`python -m bench.experiments engine-knobs|codec-overlap|cp-quant|codec-batch|presets`.\n")
     return "\n".join(out) + "\n"
 
 
