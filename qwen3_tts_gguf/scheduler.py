@@ -552,8 +552,8 @@ class Engine:
         return next(s for s in self._prefix_seqs if s not in {v[0] for v in self._prefixes.values()})
 
     def _unwarmed_prefixes(self) -> dict[str, np.ndarray]:
-        """Voice prefixes of live streams waiting for their first words, not cached yet (each stream's
-        is tried once)."""
+        """Voice prefixes of live streams waiting for their first words, not cached yet: each stream's
+        is tried once, and no more at a time than the cache holds (more would evict each other)."""
         if not self._prefix_seqs:
             return {}
         out = {}
@@ -563,7 +563,7 @@ class Engine:
             self._warm_tried.add(id(stream))
             rows = stream.text.prefix_rows()
             key = _prefix_key(rows)
-            if not stream.cancelled and len(rows) and key not in self._prefixes:
+            if not stream.cancelled and len(rows) and key not in self._prefixes and len(out) < len(self._prefix_seqs):
                 out[key] = rows
         return out
 

@@ -352,3 +352,18 @@ def test_a_live_stream_waiting_for_words_has_its_voice_prefix_prefilled(converte
             assert engine.stats["prefixes_warmed"] == (1 if slots else 0)
         model.close()
     np.testing.assert_array_equal(codes[0], codes[4])
+
+
+def test_waiting_live_streams_warm_no_more_prefixes_than_the_cache_holds(converted_factory):
+    model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(max_streams=2, prefix_cache=1))
+    with Engine(model) as engine:
+        with engine._wake:  # (reentrant) the worker sees both streams waiting at once
+            waiting = [engine.open_text_stream(greedy_request("", speaker, "english", frames=4))
+                       for speaker in ("ryan", "vivian")]
+        wait_until(lambda: engine.stats["prefixes_warmed"] == 1, "one voice prefix prefilled")
+        for stream in waiting:
+            stream.push_text("Hello there.")
+            stream.close_text()
+            list(stream)
+        assert engine.stats["prefixes_warmed"] == 1 and engine.stats["prefix_hits"] == 1
+    model.close()
