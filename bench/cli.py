@@ -2,7 +2,7 @@
 
 `python -m bench --only busy`: only the busy-machine block (0.6B headline configuration under
 stress-ng loads, ours and official side by side), merged into the latest saved full results.
-`python -m bench --only memory`: only the memory block (RSS per part and at 8 streams, per KV cache).
+`python -m bench --only memory`: only the memory block (RSS per part and at 8 streams, per KV cache; 1.7B too).
 `python -m bench --only overlap`: only the codec-overlap block (codec inline vs on its own thread).
 `python -m bench --only codec`: only the codec-precision block (fp16, int8, a polynomial Snake: speed and SNR).
 
@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(bench/out/results-full-*.json) and re-render the report (without a saved full run, only "
                         "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
                         "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
-                        "min); overlap, the codec inline against on its own thread (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
+                        "min), then the 1.7B model with the default KV cache (unless --shapes 0.6b; its first run "
+                        "converts it); overlap, the codec inline against on its own thread (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -408,7 +409,7 @@ def run(args) -> dict:
             bar.update()
         if plan["memory"]:
             step("memory")
-            results["memory"] = _memory(progress, threads)
+            results["memory"] = _memory(progress, threads, plan["shapes"])
             bar.update()
             step("codec overlap")
             results["overlap"] = _overlap(threads, plan["quiet_s"])
@@ -440,21 +441,28 @@ def _busy(progress, log, step, plan: dict, threads: int, official: bool) -> dict
                         official=official, timeout_s=plan["busy_timeout_s"], step=step)
 
 
-def _headline_model(threads: int, log) -> tuple[Path, Path]:
-    """The checkpoint and converted folder of the 0.6B headline configuration (busy.HEADLINE)."""
+def _headline_model(threads: int, log, shape: str | None = None) -> tuple[Path, Path]:
+    """The checkpoint and converted folder of the headline configuration (busy.HEADLINE: 0.6B, or `shape`)."""
     from . import busy, prepare
 
-    shape, quant, cp = busy.HEADLINE
+    headline, quant, cp = busy.HEADLINE
+    shape = shape or headline
     ckpt, _ = prepare.ensure_checkpoint(shape, log)
     return ckpt, prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
 
 
-def _memory(progress, threads: int) -> dict:
-    """The memory block on the 0.6B headline configuration."""
+def _memory(progress, threads: int, shapes: list[str]) -> dict:
+    """The memory block on the 0.6B headline configuration (both KV caches), and the other shapes in
+    `shapes` (the default KV cache only)."""
     from . import memory
 
     _, folder = _headline_model(threads, progress.bar.write)
-    return memory.measure(progress, str(folder), threads, frames=MEMORY_FRAMES)
+    block = memory.measure(progress, str(folder), threads, frames=MEMORY_FRAMES)
+    for shape in [s for s in shapes if s != "0.6b"]:
+        _, other = _headline_model(threads, progress.bar.write, shape)
+        block.setdefault("shapes", {})[shape] = memory.measure(progress, str(other), threads, frames=MEMORY_FRAMES,
+                                                               kv_caches=memory.KV_CACHES[:1])
+    return block
 
 
 def _overlap(threads: int, quiet_s: float) -> dict:
@@ -505,7 +513,7 @@ def run_only(args) -> dict:
         if args.only == "busy":
             block = _busy(progress, bar.write, step, plan, plan["threads"][0], official=not args.no_official)
         elif args.only == "memory":
-            block = _memory(progress, plan["threads"][0])
+            block = _memory(progress, plan["threads"][0], plan["shapes"])
         elif args.only == "codec":
             block = _codec(progress, plan["threads"][0], plan["quiet_s"])
         else:

@@ -79,16 +79,16 @@ def peak(model_dir: str, threads: int, kv_cache: str, frames: int) -> dict:
             "frames": frames, "wall_s": time.perf_counter() - t0}
 
 
-def measure(progress, model_dir: str, threads: int, frames: int) -> dict:
-    """Both KV-cache precisions, each part and peak in its own fresh worker."""
+def measure(progress, model_dir: str, threads: int, frames: int, kv_caches: tuple[str, ...] = KV_CACHES) -> dict:
+    """Each KV-cache precision (both by default), each part and peak in its own fresh worker."""
     from . import machine
     from .cli import one_shot
 
     info = machine.describe()
     out = {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"],
            "model": Path(model_dir).name, "threads": threads, "kv": {}}
-    for kv in KV_CACHES:
-        progress.bar.set_description(f"memory: KV cache {kv}")
+    for kv in kv_caches:
+        progress.bar.set_description(f"memory: {Path(model_dir).name}, KV cache {kv}")
         out["kv"][kv] = {"parts": one_shot(progress, "memory", {"phase": "parts", "model_dir": model_dir,
                                                           "threads": threads, "kv_cache": kv}),
                    "peak": one_shot(progress, "memory", {"phase": "peak", "model_dir": model_dir, "threads": threads,

@@ -203,7 +203,7 @@ def render(res: dict) -> str:
     w("```\n. .venv/bin/activate\npython -m bench --quick      # < 5 min: 0.6B, q8_0\n"
       "python -m bench              # every quant, thread sweep, 0.6B and 1.7B, busy machine, memory, overlap, codec\n"
       "python -m bench --only busy  # ~15 min: only the busy-machine block, merged into the last full results\n"
-      "python -m bench --only memory    # ~2 min: RSS per part and at 8 streams, per KV-cache precision\n"
+      "python -m bench --only memory    # ~4 min: RSS per part and at 8 streams, per KV-cache precision; 1.7B\n"
       "python -m bench --only overlap   # ~5 min: the codec inline against on its own thread\n"
       "python -m bench --only codec     # ~3 min: the codec graph in other precisions, speed and SNR\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
@@ -775,7 +775,32 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
          f"The three graphs' weights alone take {weights:.0f} MiB (talker q8_0, code predictor int8, codec fp32); "
          "the code predictor keeps its int8 weights beside ONNX Runtime's prepacked copy (its kernels need the "
          "packing: without it one frame took 30x longer), and the KV cache holds 8192 cells for all streams.") + "\n")
+    _render_other_shapes(w, mem.get("shapes") or {})
     return "\n".join(out) + "\n"
+
+
+def _render_other_shapes(w, shapes: dict) -> None:
+    """The memory block's larger models: one row each, the default KV cache only."""
+    rows = []
+    for shape, block in shapes.items():
+        kv, entry = next(iter(block.get("kv", {}).items()), (None, {}))
+        parts, peak = entry.get("parts", {}), entry.get("peak", {})
+        if not (_ok(parts) and _ok(peak)):
+            rows.append(f"| {shape} | {kv} | not measured | | | | | |")
+            continue
+        shares = parts["shares_mb"]
+        graphs = sum(mb for n, mb in parts.get("files_mb", {}).items() if not n.startswith("text_tables"))
+        rows.append(f"| {shape} (`{block.get('model', '?')}`) | {kv} | {shares.get('talker', 0):.0f} "
+                    f"(KV {parts['kv_cache_mb']:.0f}) | {shares.get('code_predictor', 0):.0f} | {shares.get('codec', 0):.0f} "
+                    f"| {parts['loaded_mb']:.0f} | **{peak['peak_mb']:.0f}** | {graphs:.0f} |")
+    if rows:
+        w("Other model sizes, measured the same way with the default KV cache (MiB):\n")
+        w("| model | KV cache | talker (of which KV cache) | code predictor | codec | loaded | peak, 8 streams "
+          "| the three graphs' files |")
+        w("|---|---|---|---|---|---|---|---|")
+        for row in rows:
+            w(row)
+        w("")
 
 
 def render_overlap(block: dict, standalone: bool = False) -> str:

@@ -39,6 +39,18 @@ def test_the_section_names_each_part_and_the_target():
     assert doc.index("## Memory") < doc.index("## Machine limits") and "--only memory" in doc
 
 
+def test_the_section_adds_a_row_per_larger_model():
+    block = _block()
+    big = _block((3400.0,))["kv"]
+    big["q8_0"]["parts"]["files_mb"]["talker.gguf"] = 1700
+    block["shapes"] = {"1.7b": {"model": "1.7b-q8_0-cpint8", "kv": {"q8_0": big["q8_0"]}},
+                       "4b": {"model": "x", "kv": {"q8_0": {"parts": {"error": "x"}, "peak": {}}}}}
+    text = render_memory(block)
+    assert "| 1.7b (`1.7b-q8_0-cpint8`) | q8_0 | 931 (KV 476) | 398 | 472 | 1958 | **3400** | 2387 |" in text
+    assert "| 4b | q8_0 | not measured |" in text
+    assert "Other model sizes" not in render_memory(_block())
+
+
 def test_command_line_runs_the_block_in_full_mode_only():
     p = cli.build_parser()
     assert cli._plan(p.parse_args([]))["memory"] is True
