@@ -118,7 +118,8 @@ def _compare(args, variants: dict) -> dict:
                      f"{c['aggregate_rtf']:.2f} ({c['talker_call_ms']:.0f} / {c['predictor_call_ms']:.0f})"
                      if "aggregate_rtf" in c else "–",
                      f"{100 * median([x['background'] for x in rs]):.0f} %" if rs else "–"])
-    table = _table(rows, ["variant (0.6B, talker q8_0, CP as converted)", "talker step ms", "code predictor ms/frame",
+    table = _table(rows, [f"variant ({args.shape}; talker q8_0 + code predictor int8 unless it says)",
+                          "talker step ms", "code predictor ms/frame",
                           "codec ms/frame", "prefill ms", "first audio s", "RTF",
                           "8 streams: aggregate RTF (talker / CP ms per iteration)", "bg"])
     return {"runs": runs, "concurrency": conc, "markdown": table}
