@@ -50,8 +50,9 @@ def _snake_coefficients(degree: int = SNAKE_DEGREE) -> np.ndarray:
 
 
 def snake_as_polynomial(model):
-    """`model` (onnx.ModelProto, changed in place and returned) with every Snake's Sin(α·x)² computed
-    by elementwise ops. A Snake is Mul(x, α) → Sin → Mul(s, s) with α a constant; others are left."""
+    """Every Snake's Sin(α·x)² in `model` (an onnx.ModelProto, changed in place) computed by elementwise
+    ops; returns (model, how many were rewritten). A Snake is Mul(x, α) → Sin → Mul(s, s) with α a
+    constant; any other Sin (the rotary embedding's) is left as it is."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
