@@ -30,7 +30,7 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     from qwen3_tts_gguf.codec import CodecDecoder
     from qwen3_tts_gguf.embeddings import EmbeddingTables
     from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
-    from qwen3_tts_gguf.model import EngineSettings, talker_settings
+    from qwen3_tts_gguf.model import EngineSettings, release_freed_heap, talker_settings
     from qwen3_tts_gguf.predictor import CodePredictor
     from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
     from qwen3_tts_gguf.talker import Talker
@@ -49,11 +49,12 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     predictor = CodePredictor(folder / PREDICTOR_FILE, threads=threads)
     rss["code_predictor"] = rss_mb()
     codec = CodecDecoder(folder / CODEC_FILE, threads=threads)
+    release_freed_heap()  # as LoadedModel does once its parts are loaded
     rss["codec"] = rss_mb()
     del predictor, codec
     steps = list(rss)
     shares = {"runtimes": rss["runtimes"], **{b: rss[b] - rss[a] for a, b in zip(steps, steps[1:])}}
-    files = {p.name: p.stat().st_size / 2**20 for p in folder.iterdir() if p.suffix in (".gguf", ".onnx", ".safetensors")}
+    files = {p.name: p.stat().st_size / 2**20 for p in folder.iterdir() if p.suffix in (".gguf", ".onnx", ".data", ".safetensors")}
     return {"kv_cache": talker.kv_cache, "n_ctx": settings.n_ctx, "kv_cache_mb": talker.kv_cache_bytes / 2**20,
             "shares_mb": shares, "loaded_mb": rss["codec"], "files_mb": files}
 

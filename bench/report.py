@@ -773,8 +773,9 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
     w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{verdict}** ({best:.0f} MiB). "
       + ("" if best <= MEMORY_TARGET_MB else
          f"The three graphs' weights alone take {weights:.0f} MiB (talker q8_0, code predictor int8, codec fp32); "
-         "the code predictor keeps its int8 weights beside ONNX Runtime's prepacked copy (its kernels need the "
-         "packing: without it one frame took 30x longer), and the KV cache holds 8192 cells for all streams.") + "\n")
+         "the code predictor's resident share is ONNX Runtime's packed copy of its weights (its kernels need the "
+         "packing: without it one frame took 30x longer; the file it packs from is mapped and not read again), "
+         "the codec reads its fp32 weights at every call, and the KV cache holds 8192 cells for all streams.") + "\n")
     _render_other_shapes(w, mem.get("shapes") or {})
     return "\n".join(out) + "\n"
 

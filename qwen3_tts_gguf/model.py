@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,15 @@ from .manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFo
 from .manifest import TEXT_TABLES_FILE as TEXT_TABLES
 from .prompt import PromptBuilder
 from .tokenizer import TextTokenizer
+
+
+def release_freed_heap() -> None:
+    """Give the heap that loading freed back to the system: glibc keeps it otherwise (ONNX Runtime's
+    load-time copies; about 60 MiB at 0.6B). Nothing happens where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,7 @@ class LoadedModel:
             self.talker.close()
             raise ModelFolderError(f"{self.folder}: cannot load the ONNX graphs ({e})") from e
         self.settings = settings
+        release_freed_heap()
 
     @property
     def name(self) -> str:

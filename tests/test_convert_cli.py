@@ -45,8 +45,8 @@ def test_manifest_describes_the_model(tiny_cv, tmp_path):
     assert on_disk.sampling["repetition_penalty"] == 1.05 and on_disk.sampling["subtalker_top_k"] == 50
     assert on_disk.codec_ids["eos"] == 2150 and on_disk.text_ids["tts_pad"] == 151671
     assert on_disk.tokenizer["pretokenizer"] == "mistral-fixed"
-    assert {"talker.gguf", "code_predictor.onnx", "codec_decoder.onnx", "text_tables.safetensors",
-            "vocab.json", "merges.txt", "tokenizer_config.json"} <= set(on_disk.files)
+    assert {"talker.gguf", "code_predictor.onnx", "code_predictor.onnx.data", "codec_decoder.onnx",
+            "text_tables.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json"} <= set(on_disk.files)
     checks = on_disk.source["self_check"]
     assert checks["talker_logits_rel_rms"] < 1e-4 and checks["codec_max_abs"] < 2e-4
 

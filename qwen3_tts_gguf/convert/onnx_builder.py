@@ -134,11 +134,12 @@ class GraphBuilder:
         return model
 
 
-def save_model(model: onnx.ModelProto, path: str | Path) -> list[Path]:
-    """Save a model (external data beside it when it exceeds protobuf's limit); returns files written."""
+def save_model(model: onnx.ModelProto, path: str | Path, external: bool = False) -> list[Path]:
+    """Save a model, its weights in a `.data` file beside it when `external` or when they exceed
+    protobuf's limit; returns the files written."""
     path = Path(path)
     weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
-    if weight_bytes < EXTERNAL_DATA_THRESHOLD:
+    if not external and weight_bytes < EXTERNAL_DATA_THRESHOLD:
         onnx.save_model(model, str(path))
         return [path]
     data = path.with_suffix(path.suffix + ".data")
