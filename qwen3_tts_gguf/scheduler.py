@@ -339,9 +339,12 @@ class Engine:
         if not self._shared_pool():
             return True
         while self._cells_in_use() + need > self.settings.n_ctx and self._prefixes:
-            _, (seq, _) = self._prefixes.popitem(last=False)
-            self.model.talker.drop(seq)
+            self._evict_oldest_prefix()
         return self._cells_in_use() + need <= self.settings.n_ctx
+
+    def _evict_oldest_prefix(self) -> None:
+        _, (seq, _) = self._prefixes.popitem(last=False)
+        self.model.talker.drop(seq)
 
     # -- queue --------------------------------------------------------------------------
     def _enqueue(self, stream: Stream) -> Stream:
@@ -545,8 +548,7 @@ class Engine:
         """A free prefix sequence for `rows` cells (the least recently used prefix evicted when all
         are taken); None when the pool has no room: reservations come first."""
         if len(self._prefixes) >= len(self._prefix_seqs):
-            _, (seq, _) = self._prefixes.popitem(last=False)
-            self.model.talker.drop(seq)
+            self._evict_oldest_prefix()
         if self._cells_in_use() + rows > self.settings.n_ctx:
             return None
         return next(s for s in self._prefix_seqs if s not in {v[0] for v in self._prefixes.values()})
@@ -569,8 +571,8 @@ class Engine:
 
     def _warm_prefixes(self, prefixes: dict[str, np.ndarray]) -> None:
         """Prefill each prefix into the prefix cache (its stream's words then prefill only themselves)."""
-        for key, rows in prefixes.items():
-            seq = None if key in self._prefixes else self._prefix_slot(len(rows))
+        for key, rows in prefixes.items():  # (none is cached: only this thread adds to the cache)
+            seq = self._prefix_slot(len(rows))
             if seq is None:
                 continue
             try:
@@ -870,17 +872,17 @@ class Engine:
             self._conclude(act, reason, error, frames, retryable)
 
     def _conclude(self, act: _Active, reason: str, error: str | None, frames: list, retryable: bool) -> None:
-        if act.codec_fault is not None and reason != "error":  # an overlapped call failed after the last step
-            self._fault("codec", act.codec_fault, act)
-            reason, error, frames = "error", "the codec failed for this stream", []
-            self.stats["errors"] += 1
-        if frames:
+        # an overlapped call that failed after the last step ends the stream as an error, its last frames unsaid
+        fault = act.codec_fault if reason != "error" else None
+        if fault is None and frames:
             try:
                 self._emit_audio(act, frames)
             except Exception as e:
-                self._fault("codec", e, act)
-                reason, error = "error", "the codec failed for this stream"
-                self.stats["errors"] += 1
+                fault = e
+        if fault is not None:
+            self._fault("codec", fault, act)
+            reason, error = "error", "the codec failed for this stream"
+            self.stats["errors"] += 1
         stream = act.stream
         timings = dict(act.timings)
         if stream.first_audio_at is not None:
