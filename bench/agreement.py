@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .codec_precision import CHUNKS, decode_chunked, snr_db
 from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE
 
-STEPS = 48  # teacher-forced talker steps after the prompt
-CHUNKS = (1, 2, 4, 8, 8, 8, 8, 9)  # 48 frames as the engine emits them
+STEPS = sum(CHUNKS)  # teacher-forced talker steps after the prompt (48): their codes are also decoded in CHUNKS
 
 
 def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
@@ -103,13 +103,7 @@ def measure(folders: dict[str, str], threads: int) -> dict:
 
     codec = CodecDecoder(ref / "codec_decoder.onnx", threads=threads)
     whole = codec.decode_all(codes)
-    parts, state, start = [], None, 0
-    for n in CHUNKS:
-        wav, state = codec.decode(codes[start:start + n], state)
-        parts.append(wav)
-        start += n
-    chunked = np.concatenate(parts)
-    noise = float(np.mean((chunked - whole) ** 2))
+    chunked, _ = decode_chunked(codec, codes)
     out["codec"] = {"frames": len(codes), "chunks": list(CHUNKS), "max_abs_diff": float(np.abs(chunked - whole).max()),
-                    "snr_db": float(10 * np.log10(np.mean(whole ** 2) / noise)) if noise > 0 else None}
+                    "snr_db": snr_db(chunked, whole)}
     return out

@@ -117,14 +117,12 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
     from . import machine
     from .cli import Budget, Session
 
-    info = machine.describe()
     out = {"shape": HEADLINE[0], "quant": HEADLINE[1], "cp": HEADLINE[2], "threads": threads, "frames": frames,
            "reps": reps, "official_reps": official_reps if official else 0,
            "official_loaded_reps": (official_reps if official_loaded_reps is None else official_loaded_reps)
            if official else 0, "old_reps": old_reps,
            "old_policy_env": OLD_POLICY, "settle_s": SETTLE_S, "quiet_s": quiet_s,
-           "date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"],
-           "started": time.time(), "loads": {}}
+           **machine.block_origin(), "started": time.time(), "loads": {}}
     exe = shutil.which("stress-ng")
     if exe is None:
         out["status"] = "skipped: `stress-ng` is not installed (Debian/Ubuntu: `apt-get install stress-ng`)"

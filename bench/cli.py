@@ -469,11 +469,10 @@ def _overlap(threads: int, quiet_s: float) -> dict:
     """The codec-overlap block: codec inline against on its own thread (bench.experiments.codec_overlap)."""
     from . import experiments, machine
 
-    info = machine.describe()
+    origin = machine.block_origin()
     res = experiments.codec_overlap(argparse.Namespace(shape="0.6b", threads=threads, frames=OVERLAP_FRAMES,
                                                        rounds=OVERLAP_ROUNDS, quiet_wait=quiet_s))
-    return {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"], "threads": threads,
-            "frames": OVERLAP_FRAMES, "rounds": OVERLAP_ROUNDS, **res}
+    return {**origin, "threads": threads, "frames": OVERLAP_FRAMES, "rounds": OVERLAP_ROUNDS, **res}
 
 
 def _codec(progress, threads: int, quiet_s: float) -> dict:
@@ -481,10 +480,10 @@ def _codec(progress, threads: int, quiet_s: float) -> dict:
     from . import machine
 
     _, folder = _headline_model(threads, progress.bar.write)
-    info = machine.describe()
+    origin = machine.block_origin()
     res = one_shot(progress, "codec", {"model_dir": str(folder), "threads": threads, "rounds": CODEC_ROUNDS,
                                        "quiet_s": quiet_s}, 900)
-    return {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"], **res}
+    return {**origin, **res}
 
 
 MEMORY_FRAMES = 24  # frames per stream of the memory block's eight streams

@@ -119,7 +119,13 @@ def build_variants(source: Path, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def _decode_chunked(codec, codes: np.ndarray) -> tuple[np.ndarray, float]:
+def snr_db(samples: np.ndarray, reference: np.ndarray) -> float | None:
+    """Signal-to-noise ratio of `samples` against `reference`, dB; None when they are equal."""
+    noise = float(np.mean((samples - reference) ** 2))
+    return float(10 * np.log10(np.mean(reference ** 2) / noise)) if noise > 0 else None
+
+
+def decode_chunked(codec, codes: np.ndarray) -> tuple[np.ndarray, float]:
     """The utterance decoded in CHUNKS; (samples, seconds)."""
     parts, state, start = [], None, 0
     t0 = time.perf_counter()
@@ -148,13 +154,12 @@ def measure(model_dir: str, threads: int, rounds: int = 3, quiet_s: float = 0.0,
                                              "ms_per_frame": [], "background": []}
             try:
                 codecs[name] = CodecDecoder(path, threads=threads)
-                wav, _ = _decode_chunked(codecs[name], codes)  # also the warm-up
+                wav, _ = decode_chunked(codecs[name], codes)  # also the warm-up
             except Exception as e:  # a runtime without a kernel for this precision: reported, not fatal
                 entry["error"] = f"{type(e).__name__}: {e}"[:300]
                 continue
             reference = wav if reference is None else reference
-            noise = float(np.mean((wav - reference) ** 2))
-            entry["snr_db"] = float(10 * np.log10(np.mean(reference ** 2) / noise)) if noise > 0 else None
+            entry["snr_db"] = snr_db(wav, reference)
             entry["max_abs_diff"] = float(np.abs(wav - reference).max())
         for r in range(rounds):
             for name, codec in list(codecs.items())[::1 if r % 2 == 0 else -1]:  # no variant always goes first
@@ -162,7 +167,7 @@ def measure(model_dir: str, threads: int, rounds: int = 3, quiet_s: float = 0.0,
                     progress(f"codec precisions: round {r + 1}/{rounds}, {name}")
                 wait_for_quiet(quiet_s)
                 with Meter() as m:
-                    _, seconds = _decode_chunked(codec, codes)
+                    _, seconds = decode_chunked(codec, codes)
                 out["variants"][name]["ms_per_frame"].append(1000 * seconds / len(codes))
                 out["variants"][name]["background"].append(m.background)
     return out

@@ -78,6 +78,12 @@ def describe() -> dict:
     }
 
 
+def block_origin() -> dict:
+    """When and at which commit a block of the report was measured (report._block_origin names it)."""
+    info = describe()
+    return {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"]}
+
+
 def loadavg() -> list[str]:
     try:
         return open("/proc/loadavg").read().split()[:3]

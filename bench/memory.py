@@ -85,9 +85,7 @@ def measure(progress, model_dir: str, threads: int, frames: int, kv_caches: tupl
     from . import machine
     from .cli import one_shot
 
-    info = machine.describe()
-    out = {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"],
-           "model": Path(model_dir).name, "threads": threads, "kv": {}}
+    out = {**machine.block_origin(), "model": Path(model_dir).name, "threads": threads, "kv": {}}
     for kv in kv_caches:
         progress.bar.set_description(f"memory: {Path(model_dir).name}, KV cache {kv}")
         out["kv"][kv] = {"parts": one_shot(progress, "memory", {"phase": "parts", "model_dir": model_dir,

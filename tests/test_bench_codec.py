@@ -30,8 +30,8 @@ def test_the_polynomial_snake_decodes_like_the_graph_it_replaces(tiny_cv_f32, tm
     assert rewritten == snakes > 0 and left == len(sines) - snakes  # the rotary embedding's Sin stays
     onnx.save(model, tmp_path / "poly.onnx")
     codes = np.random.default_rng(1).integers(0, 2048, (sum(codec_precision.CHUNKS), 16))
-    ref, _ = codec_precision._decode_chunked(CodecDecoder(source, threads=1), codes)
-    poly, _ = codec_precision._decode_chunked(CodecDecoder(tmp_path / "poly.onnx", threads=1), codes)
+    ref, _ = codec_precision.decode_chunked(CodecDecoder(source, threads=1), codes)
+    poly, _ = codec_precision.decode_chunked(CodecDecoder(tmp_path / "poly.onnx", threads=1), codes)
     assert np.abs(poly - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
 
 
