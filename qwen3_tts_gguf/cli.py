@@ -300,7 +300,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _add_weight_args(p: argparse.ArgumentParser) -> None:
     """--preset, --quant and --cp-precision (convert and pull); `_weight_formats` resolves them."""
-    from .convert.presets import DEFAULT_PRESET, PRESETS
+    from .convert.presets import CP_PRECISIONS, DEFAULT_PRESET, PRESETS
     from .convert.talker_gguf import QUANTS
 
     p.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET,
@@ -308,7 +308,7 @@ def _add_weight_args(p: argparse.ArgumentParser) -> None:
                                                                        for name, preset in PRESETS.items())
                         + " (default %(default)s)")
     p.add_argument("--quant", choices=QUANTS, help="talker weight format (default: the preset's; f32 is exact)")
-    p.add_argument("--cp-precision", choices=("fp32", "int8", "int4"),
+    p.add_argument("--cp-precision", choices=CP_PRECISIONS,
                    help="code predictor weights (default: the preset's; int8 is ~2-3x faster than fp32, the "
                         "parity precision)")
 

@@ -22,7 +22,8 @@ from ..manifest import (CODEC_ENCODER_FILE, CODEC_FILE, MANIFEST, PREDICTOR_FILE
                         TEXT_TABLES_FILE, FileEntry, Manifest, ModelFolderError, load_manifest, sha256_file)
 from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
 from .onnx_builder import save_model
-from .predictor_graph import CP_PRECISIONS, build_code_predictor, quantize_code_predictor
+from .predictor_graph import build_code_predictor, quantize_code_predictor
+from .presets import CP_PRECISIONS
 from .talker_gguf import QUANTS, write_talker_gguf
 from .text_tables import write_text_tables
 

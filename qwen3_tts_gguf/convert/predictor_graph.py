@@ -24,6 +24,7 @@ import onnx
 
 from ..checkpoint import Checkpoint
 from .onnx_builder import GraphBuilder
+from .presets import CP_PRECISIONS
 
 NUM_STEPS = 15  # codebooks 1..15
 ROPE_NODE = "rope_rotation"  # MatMuls by constant rotations: exact in fp32, never quantized
@@ -239,7 +240,6 @@ def build_code_predictor(ckpt: Checkpoint, float_type=np.float32, teacher_forced
 # Weight-only quantization of the code predictor's MatMuls (ONNX Runtime's MatMulNBits): the code
 # predictor reads its ~80 M weights 15 times per frame, so it is bandwidth-bound and narrower
 # weights are proportionally faster. fp32 stays the parity precision.
-CP_PRECISIONS = ("fp32", "int8", "int4")
 _NBITS = {"int8": 8, "int4": 4}
 NBITS_BLOCK_SIZE = 32
 NBITS_ACCURACY_LEVEL = 4  # int8 activations: ORT's fastest CPU kernels (AVX-512 VNNI / AVX2)

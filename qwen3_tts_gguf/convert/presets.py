@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+CP_PRECISIONS = ("fp32", "int8", "int4")
+"""The code predictor's weight formats (`predictor_graph.quantize_code_predictor`)."""
+
+
 @dataclass(frozen=True)
 class Preset:
     quant: str
