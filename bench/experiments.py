@@ -5,6 +5,7 @@
     python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
     python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
+    python -m bench.experiments malloc [--rounds 6]         # glibc's dynamic mmap threshold against a fixed one
 
 Nothing here changes the engine: variants pass EngineSettings fields, patch a worker process (`ours._with_llama_repack`) or
 set environment variables. (ONNX Runtime's threads no longer spin in the engine itself.) Variants alternate round by round so they share the background load of
@@ -71,6 +72,16 @@ def presets(args) -> dict:
     return _compare(args, variants)
 
 
+def malloc(args) -> dict:
+    """glibc's default (a freed large block raises the mmap threshold, so later blocks of that size stay
+    in the heap) against a fixed 128 KiB threshold (every large block mapped and unmapped)."""
+    base = dict(_session_base(args), threads=args.threads)
+    return _compare(args, {
+        "glibc default (dynamic mmap threshold)": (base, {}),
+        "mmap threshold fixed at 128 KiB": (base, {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}),
+    })
+
+
 def _session_base(args) -> dict:
     model = _model_dir(args.shape, "q8_0")
     return dict(model_dir=str(model), frames=args.frames, warmup_frames=4, concurrency_frames=args.frames)
@@ -117,11 +128,13 @@ def _compare(args, variants: dict) -> dict:
                      f("first_audio_s", 1, 2), f("rtf", 1, 2),
                      f"{c['aggregate_rtf']:.2f} ({c['talker_call_ms']:.0f} / {c['predictor_call_ms']:.0f})"
                      if "aggregate_rtf" in c else "–",
+                     f"{c['peak_rss_mb']:.0f}" if "peak_rss_mb" in c else "–",
                      f"{100 * median([x['background'] for x in rs]):.0f} %" if rs else "–"])
     table = _table(rows, [f"variant ({args.shape}; talker q8_0 + code predictor int8 unless it says)",
                           "talker step ms", "code predictor ms/frame",
                           "codec ms/frame", "prefill ms", "first audio s", "RTF",
-                          "8 streams: aggregate RTF (talker / CP ms per iteration)", "bg"])
+                          "8 streams: aggregate RTF (talker / CP ms per iteration)", "peak RSS after 8 streams, MiB",
+                          "bg"])
     return {"runs": runs, "concurrency": conc, "markdown": table}
 
 
@@ -205,7 +218,7 @@ def codec_batch(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=("engine-knobs", "codec-overlap", "cp-quant", "codec-batch", "presets"))
+    p.add_argument("experiment", choices=("engine-knobs", "codec-overlap", "cp-quant", "codec-batch", "presets", "malloc"))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
@@ -213,7 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")
     args = p.parse_args(argv)
     fn = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
-          "codec-batch": codec_batch, "presets": presets}[args.experiment]
+          "codec-batch": codec_batch, "presets": presets, "malloc": malloc}[args.experiment]
     started = time.time()
     result = fn(args)
     result.update(experiment=args.experiment, args=vars(args), started=started, finished=time.time())

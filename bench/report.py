@@ -210,8 +210,8 @@ def render(res: dict) -> str:
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
       "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
       "Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision, "
-      "batching the codec, the codec's thread, the converter's presets) are measured separately by "
-      "`python -m bench.experiments engine-knobs|codec-overlap|cp-quant|codec-batch|presets`.\n")
+      "batching the codec, the codec's thread, the converter's presets, glibc's mmap threshold) are measured separately by "
+      "`python -m bench.experiments engine-knobs|codec-overlap|cp-quant|codec-batch|presets|malloc`.\n")
     return "\n".join(out) + "\n"
 
 
