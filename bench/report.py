@@ -9,6 +9,16 @@ from .common import FRAME_RATE, TEXT, median
 
 SAMPLING = "temperature 0.9, top-k 50, top-p 1.0 for codebook 0 (repetition penalty 1.05) and for the code predictor"
 
+# The goals of the issue *Real-time CPU* (2-core machine), each rendered next to its figure in *Targets*
+RTF_TARGET = 1.2  # one stream, default configuration
+FAST_RTF_TARGET = 1.0  # one stream, the `fast` preset
+STALL_FREE_BELOW_RTF = 0.9  # a 30 s text plays without a stall whenever one stream's RTF is below this
+TTFA_TARGETS = {"non-streaming/cold": 0.25, "streaming/cold": 0.15, "streaming/cached": 0.10, "live/cold": 0.15}
+CONCURRENT_RTF_TARGET = 0.6  # eight streams' aggregate RTF
+STAGE_BOUND_TARGET = 1.5  # each stage within this factor of its lower bound
+ONE_PROCESS_TARGET = 1.3  # slowdown beside one busy process
+MEMORY_TARGET_MB = 1536  # one model for up to 8 streams within 1.5 GB
+
 
 def _f(x, digits: int = 0, unit: str = "") -> str:
     if x is None:
@@ -88,6 +98,28 @@ def _headline_run(entry: dict):
     return None, None
 
 
+STAGE_KEYS = {"talker": "talker_step_ms", "code predictor": "predictor_ms", "codec": "codec_ms_per_frame"}
+"""A stage's per-frame time in a single-stream run's measurements."""
+
+
+def _stage_bounds(entry: dict, lim: dict) -> list[tuple[str, float, float]]:
+    """(stage, ms per frame in the engine, lower bound) of the headline configuration's three stages:
+    talker and code predictor at the best weight-streaming rate, the codec at the best Conv1d rate."""
+    key, head = _headline_run(entry)
+    if not head or not lim.get("bw"):
+        return []
+    quant, cp, _ = _split(key)
+    costs = entry.get("costs", {})
+    predictors = costs.get("predictors") or ({"fp32": costs["predictor"]} if costs.get("predictor") else {})
+    talker_bytes = costs.get("talker_by_quant", {}).get(quant, {}).get("bytes_per_step", 0)
+    codec_flops = costs.get("codec", {}).get("flops_per_frame", 0)
+    bound = {"talker": 1e3 * talker_bytes / (lim["bw"] * 1e9),
+             "code predictor": 1e3 * predictors.get(cp, {}).get("bytes_per_frame", 0) / (lim["bw"] * 1e9),
+             "codec": 1e3 * codec_flops / (lim["conv"] * 1e9) if lim.get("conv") else 0}
+    stages = [(name, _med(head["single"], key), bound[name]) for name, key in STAGE_KEYS.items()]
+    return [(name, meas, b) for name, meas, b in stages if meas and b]
+
+
 def _split(key: str) -> tuple[str, str, str]:
     """'q8_0+int8/t2' -> ('q8_0', 'int8', '2')"""
     qc, t = key.split("/t")
@@ -160,6 +192,8 @@ def render(res: dict) -> str:
         w(f"**Skipped to stay within the {plan.get('budget_s') or 0:.0f} s budget of this mode:** "
           + "; ".join(res["skipped"]) + ".\n")
 
+    if res["shapes"]:
+        w(render_targets(res))
     for shape, entry in res["shapes"].items():
         _render_shape(w, shape, entry, res, lim, plan)
 
@@ -213,6 +247,177 @@ def render(res: dict) -> str:
       "batching the codec, the codec's thread, the converter's presets, glibc's mmap threshold) are measured separately by "
       "`python -m bench.experiments engine-knobs|codec-overlap|cp-quant|codec-batch|presets|malloc`.\n")
     return "\n".join(out) + "\n"
+
+
+def _goal(value: float, digits: int = 1, unit: str = "") -> str:
+    return f"≤ {value:.{digits}f}{unit}"
+
+
+def _verdict(value, goal) -> str:
+    if value is None:
+        return "not measured"
+    return "**reached**" if value <= goal else "**not reached**"
+
+
+def render_targets(res: dict) -> str:
+    """The "Targets" section: each goal of the issue *Real-time CPU* next to this run's figure for each
+    model, a verdict, and for each goal not reached what bounds it (from the same run's figures)."""
+    lim = _limits(res)
+    labels = {"0.6b": "0.6B", "1.7b": "1.7B"}
+    shapes = list(res["shapes"])
+    rows: list[tuple[str, str, list[str], str]] = []  # target, goal, figure per shape, verdict (the first shape)
+    bounds: list[str] = []
+
+    def add(target: str, goal: str, figures: list, digits: int, verdict: str, unit: str = "") -> None:
+        rows.append((target, goal, [_f(v, digits) + (unit if v is not None else "") for v in figures], verdict))
+
+    heads = {shape: _headline_run(entry) for shape, entry in res["shapes"].items()}
+    first = shapes[0]
+    key0, head0 = heads[first]
+    label0 = labels.get(first, first)
+
+    # one stream
+    rtf = [_med(h["single"], "rtf") if h else None for _, h in heads.values()]
+    add(f"one stream, default configuration (talker {_split(key0)[0] if key0 else '?'}, code predictor "
+        f"{_split(key0)[1] if key0 else '?'}): RTF", _goal(RTF_TARGET), rtf, 2, _verdict(rtf[0], RTF_TARGET))
+    stages = _stage_bounds(res["shapes"][first], lim)
+    if rtf[0] is not None and rtf[0] > RTF_TARGET and head0:
+        s = head0["single"]
+        t, c, k = (_med(s, x) for x in ("talker_step_ms", "predictor_ms", "codec_ms_per_frame"))
+        floor = sum(b for name, _, b in stages if name != "codec")
+        bounds.append(
+            f"One stream ({label0}): a frame is {1e3 / FRAME_RATE:.0f} ms of audio; in the engine its talker step took "
+            f"{_f(t)} ms and its code predictor call {_f(c)} ms one after the other, and its codec {_f(k)} ms on its "
+            f"own thread beside them, on the same {res['plan']['threads'][0]} cores. "
+            + (f"At this run's measured bandwidth the talker and code predictor alone cannot take less than "
+               f"{floor:.0f} ms per frame (RTF ≥ {floor * FRAME_RATE / 1e3:.2f}), however well the codec overlaps."
+               if floor else ""))
+    fast = PRESETS["fast"]
+    fast_rtf = []
+    for shape, (key, _) in heads.items():
+        run = res["shapes"][shape].get("ours", {}).get(f"{fast.quant}+{fast.cp_precision}/t{_split(key)[2]}") if key else None
+        fast_rtf.append(_med(run["single"], "rtf") if _ok(run) and run.get("single") else None)
+    add(f"one stream, `--preset fast` (talker {fast.quant}, code predictor {fast.cp_precision}; agreement in "
+        "*Agreement of the quantized paths*): RTF", _goal(FAST_RTF_TARGET), fast_rtf, 2,
+        _verdict(fast_rtf[0], FAST_RTF_TARGET))
+
+    # playback without a stall
+    pbs = [h.get("playback") if h and _ok(h.get("playback")) else None for _, h in heads.values()]
+    pb = pbs[0]
+    if pb is None:
+        verdict = "not measured"
+    elif (pb.get("rtf") or 0) < STALL_FREE_BELOW_RTF:
+        verdict = "**reached**" if not pb.get("stalls") else "**not reached**"
+    else:
+        verdict = (f"not testable here (RTF {pb['rtf']:.2f}); reached in `tests/test_chunking.py`'s simulations of RTF "
+                   f"0.3-0.89")
+    rows.append((f"a 30 s text plays without a stall when one stream's RTF < {STALL_FREE_BELOW_RTF}: stalls", "0",
+                 ["–" if p is None else f"{p.get('stalls')} (RTF {_f(p.get('rtf'), 2)})" for p in pbs], verdict))
+
+    # first audio
+    latency = [_latency_medians(h) for _, h in heads.values()]
+    for case, goal in TTFA_TARGETS.items():
+        figures = [lat.get(case, {}).get("first_audio_s") for lat in latency]
+        mode, prefix = case.split("/")
+        add(f"time to first audio, {mode} text, {prefix}" + (" (words 0.4 s after the stream opened)" if mode == "live"
+                                                              else "") + ", s",
+            _goal(goal, 2), figures, 3, _verdict(figures[0], goal))
+    cold = latency[0].get("non-streaming/cold")
+    if cold and cold.get("first_audio_s", 0) > TTFA_TARGETS["non-streaming/cold"]:
+        bounds.append(
+            f"First audio ({label0}, non-streaming, cold): the first frame needs the whole prompt prefilled "
+            f"({_f(cold.get('prefill_rows'), 0)} rows: {_ms(cold.get('prefill_s'))} ms), one code predictor call "
+            f"({_ms(cold.get('predictor_s'))} ms) and one codec call ({_ms(cold.get('codec_s'))} ms), one after the "
+            f"other; each is compute-bound on these cores. A cached voice prefix and live text (the voice prefilled "
+            f"while the words are on their way) remove most of the prefill: see *Time to first audio*.")
+
+    # eight streams
+    aggs = []
+    for key, h in heads.values():
+        c8 = next((c for c in (h or {}).get("concurrency") or [] if c["streams"] == 8), None)
+        aggs.append(c8)
+    add("eight streams: aggregate RTF", _goal(CONCURRENT_RTF_TARGET), [c and c["aggregate_rtf"] for c in aggs], 2,
+        _verdict(aggs[0] and aggs[0]["aggregate_rtf"], CONCURRENT_RTF_TARGET))
+    c8 = aggs[0]
+    if c8 and c8["aggregate_rtf"] > CONCURRENT_RTF_TARGET and c8.get("talker_call_ms") and c8.get("frames_total"):
+        per_frame = (c8["talker_call_ms"] + c8["predictor_call_ms"]) / 8
+        codec = 1e3 * c8["codec_s"] / c8["frames_total"]
+        bounds.append(
+            f"Eight streams ({label0}): one iteration makes a frame for each stream: the batched talker step took "
+            f"{c8['talker_call_ms']:.0f} ms and the batched code predictor call {c8['predictor_call_ms']:.0f} ms, "
+            f"{per_frame:.0f} ms per frame together; the codec does not batch across streams (`python -m "
+            f"bench.experiments codec-batch`) and took {codec:.0f} ms per frame on the same cores. Their sum, "
+            f"{per_frame + codec:.0f} ms per {1e3 / FRAME_RATE:.0f} ms frame, is RTF {(per_frame + codec) * FRAME_RATE / 1e3:.2f} "
+            f"before any overlap.")
+
+    # stages
+    stage_figs = []
+    for shape in shapes:
+        st = _stage_bounds(res["shapes"][shape], lim)
+        stage_figs.append(", ".join(f"{name} {meas / bound:.1f}×" for name, meas, bound in st) if st else None)
+    worst = max((meas / bound for _, meas, bound in stages), default=None)
+    rows.append(("each stage against its lower bound (*Each stage next to its physical limit*)",
+                 _goal(STAGE_BOUND_TARGET, 1, "×"), [f or "–" for f in stage_figs], _verdict(worst, STAGE_BOUND_TARGET)))
+    if worst is not None and worst > STAGE_BOUND_TARGET:
+        alone = head0.get("isolated") if _ok(head0.get("isolated")) else {}
+        ratios = [f"{name} {alone[STAGE_KEYS[name]] / bound:.1f}×" for name, _, bound in stages
+                  if alone.get(STAGE_KEYS[name])]
+        vnni = any("vnni" in f for f in res["machine"].get("flags", []))
+        bounds.append(
+            f"Stages ({label0}): in the engine the three stages share the cores (the codec runs on its own thread "
+            "beside the other two), so each call is slower than alone"
+            + (f" (alone: {', '.join(ratios)} its bound)" if ratios else "") + "."
+            + ("" if vnni else " This CPU has no VNNI instructions: the talker's q8_0 and the code predictor's int8 "
+               "kernels multiply 8-bit values in several instructions each, and are bound by that arithmetic rather "
+               "than by the memory bandwidth the bound assumes."))
+
+    # blocks: busy machine, memory
+    busy, mem = res.get("busy"), res.get("memory")
+    extra: list[str] = []
+    if busy:
+        sd = _busy_slowdowns(busy)
+        ones = [sd[k]["ours"][2] for k in ("cpu1", "stream1") if k in sd and sd[k]["ours"][2] is not None]
+        one = max(ones) if ones else None
+        extra.append(f"| one busy process (`stress-ng --cpu 1`, `--stream 1`): slowdown | {_goal(ONE_PROCESS_TARGET)}× | "
+                     f"{_f(one, 2)}× ({label0}) | {_verdict(one, ONE_PROCESS_TARGET)} (*Busy machine* says what bounds it) |")
+        o2, f2 = (sd.get("cpu2", {}).get(who, (None,) * 3)[2] for who in ("ours", "official"))
+        extra.append(f"| two busy processes (`stress-ng --cpu 2`): slowdown | ≤ official's ({_f(f2, 2)}×) | "
+                     f"{_f(o2, 2)}× ({label0}) | {_verdict(o2, f2) if f2 is not None else 'not measured'} |")
+    if mem:
+        peaks = [v["peak"]["peak_mb"] for v in mem.get("kv", {}).values() if _ok(v.get("peak"))]
+        peak = min(peaks) if peaks else None
+        extra.append(f"| peak RSS, one model serving 8 streams, MiB | ≤ {MEMORY_TARGET_MB} | {_f(peak, 0)} "
+                     f"(`{mem.get('model', '?')}`) | {_verdict(peak, MEMORY_TARGET_MB)} (*Memory* says where it goes) |")
+
+    out: list[str] = []
+    w = out.append
+    w("## Targets (issue *Real-time CPU*)\n")
+    w("Each goal next to this run's figure (medians; the sections below give the details). The machine limits of this "
+      "run are in *Machine limits*.\n")
+    names = [labels.get(sh, sh) for sh in shapes]
+    w("| target | goal | " + " | ".join(names) + f" | verdict ({label0}) |")
+    w("|---|---|" + "---|" * len(names) + "---|")
+    for target, goal, figures, verdict in rows:
+        w(f"| {target} | {goal} | " + " | ".join(figures) + f" | {verdict} |")
+    w("")
+    if extra:
+        w("From the blocks below, each with its own date (*Busy machine*, *Memory*):\n")
+        w("| target | goal | measured | verdict |\n|---|---|---|---|")
+        out.extend(extra)
+        w("")
+    if bounds:
+        w("What bounds the goals not reached, from this run's own figures:\n")
+        out.extend(f"- {b}" for b in bounds)
+        w("")
+    return "\n".join(out) + "\n"
+
+
+def _latency_medians(head: dict | None) -> dict[str, dict]:
+    """{case: {measure: median}} of a headline run's time-to-first-audio runs."""
+    runs = [r["cases"] for r in (head or {}).get("latency") or [] if _ok(r)]
+    cases = {case for r in runs for case in r}
+    return {case: {k: _med([r[case] for r in runs if case in r], k)
+                   for k in ("first_audio_s", "prefill_rows", "prefill_s", "predictor_s", "codec_s")} for case in cases}
 
 
 def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) -> None:
@@ -307,16 +512,7 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
         w("*Alone*: the same loaded objects called back to back outside the engine loop (talker: 16 single-row "
           "steps after the real prompt; code predictor: one frame per call; codec: 4 frames per call). *In the "
           "engine*: the per-call medians of the single-stream runs above, where the three stages alternate.\n")
-        ratios = []
-        for name, meas, bound in (
-            ("talker", _med(head["single"], "talker_step_ms"),
-             1e3 * talker_costs.get(head_q, {}).get("bytes_per_step", 0) / (lim["bw"] * 1e9)),
-            ("code predictor", _med(head["single"], "predictor_ms"), 1e3 * pc.get("bytes_per_frame", 0) / (lim["bw"] * 1e9)),
-            ("codec", _med(head["single"], "codec_ms_per_frame"),
-             1e3 * cc.get("flops_per_frame", 0) / (lim["conv"] * 1e9) if lim.get("conv") else 0),
-        ):
-            if meas and bound:
-                ratios.append((meas - bound, meas / bound, name, meas, bound))
+        ratios = [(meas - bound, meas / bound, name, meas, bound) for name, meas, bound in _stage_bounds(entry, lim)]
         if ratios:
             gap = max(ratios)
             far = max(ratios, key=lambda r: r[1])
@@ -487,8 +683,6 @@ def _render_latency(w, head: dict, quant: str, cp: str, threads: str) -> None:
     w("| text mode | voice prefix | time to first audio, s | prefill rows | prefill, ms | first code predictor call, ms "
       "| first codec call (1 frame), ms | rest (prompt build, queueing), ms | target | bg |")
     w("|---|---|---|---|---|---|---|---|---|---|")
-    targets = {"non-streaming/cold": "≤ 0.250", "streaming/cold": "≤ 0.150", "streaming/cached": "≤ 0.100",
-               "live/cold": "≤ 0.150"}
     for case in runs[0]:
         rs = [r[case] for r in runs if case in r]
         ttfa = _med(rs, "first_audio_s")
@@ -499,7 +693,7 @@ def _render_latency(w, head: dict, quant: str, cp: str, threads: str) -> None:
             mode, prefix = "streaming, live: words 0.4 s after the stream opened", "cold, prefilled while waiting"
         w(f"| {mode} | {prefix} | {_f(ttfa, 3)} ({_f(_best(rs, 'first_audio_s'), 3)}) | "
           f"{_f(_med(rs, 'prefill_rows'), 0)} | {_ms(parts[0])} | {_ms(parts[1])} | {_ms(parts[2])} | {_ms(rest)} | "
-          f"{targets.get(case, 'report')} | {_bg(rs)} |")
+          f"{_goal(TTFA_TARGETS.get(case), 3) if case in TTFA_TARGETS else 'report'} | {_bg(rs)} |")
     w("")
     w(f"Median (best) of {len(runs)} runs. The first frame needs the prefill (its last row gives codebook 0), one "
       "code predictor call (codebooks 1-15) and one codec call; the engine emits a due chunk before the next "
@@ -564,7 +758,6 @@ def _render_agreement(w, ag: dict) -> None:
 BUSY_LABELS = {"none": "none", "cpu1": "`stress-ng --cpu 1`", "cpu2": "`stress-ng --cpu 2`",
                "stream1": "`stress-ng --stream 1`"}
 BUSY_WHAT = {key: what for key, _, what in BUSY_LOADS}
-ONE_PROCESS_TARGET = 1.3
 
 
 def _busy_slowdowns(busy: dict) -> dict:
@@ -734,7 +927,6 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-MEMORY_TARGET_MB = 1536  # the issue's goal: one model for up to 8 streams within 1.5 GB
 MEMORY_PARTS = {"runtimes": "Python, numpy, ONNX Runtime, llama.cpp loaded", "tokenizer_tables":
                 "tokenizer, text tables (memory-mapped; the projection's f32 weights)", "talker":
                 "talker: weights (memory-mapped) + KV cache", "code_predictor": "code predictor graph",
