@@ -25,21 +25,24 @@ import time
 from pathlib import Path
 
 from qwen3_tts_gguf.convert.presets import PRESETS
+from qwen3_tts_gguf.cpus import OPENMP_WAIT_VARS
 
 from .common import CACHE, LONG_FRAMES, OUT, ROOT, wait_for_quiet
 
 # As the bench was started, before anything here loads llama_cpp: `qwen3_tts_gguf.cpus.import_llama` sets the
 # engine's OMP_WAIT_POLICY in the process that loads it (here: converting a model), and the workers must not
 # inherit that: the official pipeline's PyTorch (libgomp too) runs as its users run it.
-LAUNCH_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
+LAUNCH_OPENMP_WAITS = {k: os.environ.get(k) for k in OPENMP_WAIT_VARS}
 
 
 def child_env(extra: dict | None = None) -> dict:
-    """A worker's environment: this process's, OMP_WAIT_POLICY as launched, then `extra` (None removes)."""
+    """A worker's environment: this process's, OpenMP's wait variables as launched (loading llama_cpp here
+    sets the engine's), then `extra` (None removes)."""
     env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)
-    if LAUNCH_OMP_WAIT_POLICY is not None:
-        env["OMP_WAIT_POLICY"] = LAUNCH_OMP_WAIT_POLICY
+    for k, v in LAUNCH_OPENMP_WAITS.items():
+        env.pop(k, None)
+        if v is not None:
+            env[k] = v
     for k, v in (extra or {}).items():
         if v is None:
             env.pop(k, None)

@@ -6,6 +6,9 @@
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
     python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
     python -m bench.experiments malloc [--rounds 6]         # glibc's dynamic mmap threshold against a fixed one
+    python -m bench.experiments omp-spin [--load cpu1]      # llama.cpp's OpenMP threads: how long they spin before sleeping
+
+`--load cpu1|cpu2|stream1` runs the comparison beside that `stress-ng` load (bench/busy.py's LOADS).
 
 Nothing here changes the engine: variants pass EngineSettings fields, patch a worker process (`ours._with_llama_repack`) or
 set environment variables. (ONNX Runtime's threads no longer spin in the engine itself.) Variants alternate round by round so they share the background load of
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .busy import LOADS, SETTLE_S, StressLoad
 from .common import OUT, Meter, median, wait_for_quiet
 
 
@@ -80,6 +85,23 @@ def malloc(args) -> dict:
         "glibc default (dynamic mmap threshold)": (base, {}),
         "mmap threshold fixed at 128 KiB": (base, {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}),
     })
+
+
+def omp_spin(args) -> dict:
+    """llama.cpp's OpenMP threads at a barrier: spin GOMP_SPINCOUNT turns, then sleep (PASSIVE). The
+    engine's default is `cpus.SPIN_COUNT`; 0 sleeps at once; libgomp's own default, with no wait policy
+    set, is 300,000 (about 3 ms). GOMP_SPINCOUNT wins over the wait policy in libgomp."""
+    from qwen3_tts_gguf.cpus import SPIN_COUNT
+
+    base = dict(_session_base(args), threads=args.threads)
+    variants = {}
+    for spins in sorted({SPIN_COUNT, *args.spins}):
+        if spins == SPIN_COUNT:
+            variants[f"spin {spins:,} then sleep (default)"] = (base, {})
+        else:
+            what = " (sleep at once)" if spins == 0 else " (libgomp's default)" if spins == 300000 else ""
+            variants[f"spin {spins:,} then sleep{what}"] = (base, {"GOMP_SPINCOUNT": str(spins)})
+    return _compare(args, variants)
 
 
 def _session_base(args) -> dict:
@@ -215,20 +237,36 @@ def codec_batch(args) -> dict:
     return {"markdown": table}
 
 
+EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
+               "codec-batch": codec_batch, "presets": presets, "malloc": malloc, "omp-spin": omp_spin}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=("engine-knobs", "codec-overlap", "cp-quant", "codec-batch", "presets", "malloc"))
+    p.add_argument("experiment", choices=tuple(EXPERIMENTS))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--shape", default="0.6b")
     p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")
+    p.add_argument("--spins", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1000, 10000],
+                   help="omp-spin: GOMP_SPINCOUNT values beside the engine's (libgomp's default is 300000)")
+    p.add_argument("--load", choices=[key for key, cmd, _ in LOADS if cmd],
+                   help="run beside this stress-ng load (no quiet wait then)")
     args = p.parse_args(argv)
-    fn = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
-          "codec-batch": codec_batch, "presets": presets, "malloc": malloc}[args.experiment]
     started = time.time()
-    result = fn(args)
+    if args.load:
+        exe = shutil.which("stress-ng")
+        if exe is None:
+            p.error("--load needs stress-ng (Debian package stress-ng)")
+        args.quiet_wait = 0.0
+        with StressLoad(exe, dict((k, cmd) for k, cmd, _ in LOADS)[args.load], max_s=3600):
+            time.sleep(SETTLE_S)
+            result = EXPERIMENTS[args.experiment](args)
+        result["markdown"] += f"\n\nBeside the load `{args.load}` (`stress-ng` running throughout)."
+    else:
+        result = EXPERIMENTS[args.experiment](args)
     result.update(experiment=args.experiment, args=vars(args), started=started, finished=time.time())
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"experiment-{args.experiment}-{time.strftime('%Y%m%d-%H%M%S')}.json"

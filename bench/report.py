@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from qwen3_tts_gguf.convert.presets import PRESETS
+from qwen3_tts_gguf.cpus import SPIN_COUNT
 
 from .busy import LOADS as BUSY_LOADS
 from .common import FRAME_RATE, TEXT, median
@@ -182,7 +183,7 @@ def render(res: dict) -> str:
     w("")
     w("**Noise warning.** This is a shared 2-core machine and other jobs ran during the measurements. When another "
       "process takes one of the two cores, each of our 2-thread steps waits at its barriers for the thread that "
-      "shares a core (llama.cpp's OpenMP threads sleep there rather than spin" + (", see *Busy machine*" if
+      "shares a core (llama.cpp's OpenMP threads spin a few microseconds there, then sleep" + (", see *Busy machine*" if
                                                                                  res.get("busy") else "")
       + "), so a run can "
       "become slower (see *bg*; the full run adds a 1-thread configuration). Compare figures only with their *bg* "
@@ -809,8 +810,9 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
       f"Real-time factor = wall s / audio s, median (best) of {busy.get('reps')} runs (official: "
       f"{busy.get('official_reps')}" + ("" if busy.get("official_loaded_reps", busy.get("official_reps")) == busy.get("official_reps") else f" with no load, {busy.get('official_loaded_reps')} under each load") + f"; old waits: {busy.get('old_reps')}; a single run shows one figure); slowdown = median RTF under the load / "
       f"median RTF with no load in the same block. *Old spinning waits*: our engine with `{old_env}`, so "
-      f"llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine sets PASSIVE when it loads "
-      f"llama.cpp, `qwen3_tts_gguf/cpus.py`); its own unloaded run is its baseline.\n")
+      f"llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine sets PASSIVE with a "
+      f"{SPIN_COUNT}-turn spin when it loads llama.cpp, `qwen3_tts_gguf/cpus.py`); its own unloaded run is its "
+      "baseline.\n")
     w("| load | ours RTF | ours slowdown | official RTF | official slowdown | ours with the old spinning waits: "
       "RTF (slowdown) | background load: the load alone; during ours / official / old-waits runs |")
     w("|---|---|---|---|---|---|---|")
@@ -867,7 +869,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         w(f"With `{old_env}` the idle llama.cpp threads spin between llama.cpp calls too, on the cores ONNX Runtime "
           f"needs for the code predictor and the codec (the run kept {_f(oq, 2)} cores busy with no load, against "
           f"{_f(q, 2)}), so it is slower even with no load. Before PASSIVE the engine left the variable unset, and "
-          "libgomp then spins only for a short time before sleeping: no slower than PASSIVE on a quiet machine, but it "
+          "libgomp then spins about 3 ms before sleeping: no slower than PASSIVE on a quiet machine, but it "
           "collapsed under load as well (`qwen3_tts_gguf/cpus.py` quotes RTF 2.9 quiet and 35 under `stress-ng "
           "--cpu 2`); so the quiet row overstates what the old default cost.\n")
 

@@ -94,18 +94,27 @@ def default_threads(threads: int | None = 0) -> int:
 
 
 WAIT_POLICY = "PASSIVE"
-"""OpenMP's wait policy for llama.cpp's threads (its CPU backend is built with OpenMP). libgomp's
-default spins at every barrier; when another process takes one of the cores, the spinning thread
+SPIN_COUNT = 300
+"""OpenMP's waits for llama.cpp's threads (its CPU backend is built with OpenMP). libgomp's default
+spins about 3 ms at every barrier; when another process takes one of the cores, the spinning thread
 keeps its core while the thread it waits for cannot run, and every barrier of every layer stalls
-(0.6B q8_0, 2 cores: real-time factor 2.9 quiet, 35 with `stress-ng --cpu 2`). PASSIVE waits sleep:
-5.9 under the same load, and no slower on a quiet machine (single stream and 8 streams alike;
-docs/benchmarks.md). An operator's own OMP_WAIT_POLICY wins."""
+(0.6B q8_0, 2 cores: real-time factor 2.9 quiet, 35 with `stress-ng --cpu 2`). PASSIVE waits sleep at
+once: 5.9 under the same load, but each barrier then costs a wake-up, which a virtual machine makes
+slow (talker step 36 ms against 20 ms spinning). `SPIN_COUNT` turns first (GOMP_SPINCOUNT, which wins
+over the policy in libgomp), about 3 us, enough for the barriers inside one step: side by side, one
+stream 1.71 -> 1.60 quiet and equal under `stress-ng --cpu 1` and `--cpu 2` (2.52 / 2.53, 2.62 / 2.63),
+while 10,000 turns already collapsed under two loads (4.73); `python -m bench.experiments omp-spin`.
+An operator's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (either one turns this default off)."""
+
+OPENMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 def import_llama() -> ModuleType:
-    """`llama_cpp`, loaded with `WAIT_POLICY` in place: libgomp reads it once, when it is loaded, so
-    every import of llama_cpp in this project goes through here."""
-    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+    """`llama_cpp`, loaded with `WAIT_POLICY` and `SPIN_COUNT` in place: libgomp reads them once, when it
+    is loaded, so every import of llama_cpp in this project goes through here."""
+    if not any(v in os.environ for v in OPENMP_WAIT_VARS):
+        os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
     import llama_cpp
 
     return llama_cpp

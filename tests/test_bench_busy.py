@@ -145,13 +145,15 @@ def test_command_line():
 
 
 def test_workers_get_the_wait_policy_the_bench_was_started_with(monkeypatch):
-    # loading llama_cpp in the orchestrator (a conversion) sets the engine's policy there; the official
-    # pipeline's worker must not inherit it
-    monkeypatch.setattr(cli, "LAUNCH_OMP_WAIT_POLICY", None)
+    # loading llama_cpp in the orchestrator (a conversion) sets the engine's policy and spin count there;
+    # the official pipeline's worker and the old-waits worker must not inherit them
+    monkeypatch.setattr(cli, "LAUNCH_OPENMP_WAITS", {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    assert "OMP_WAIT_POLICY" not in cli.child_env()
-    assert cli.child_env({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
-    monkeypatch.setattr(cli, "LAUNCH_OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300")
+    assert "OMP_WAIT_POLICY" not in cli.child_env() and "GOMP_SPINCOUNT" not in cli.child_env()
+    old = cli.child_env({"OMP_WAIT_POLICY": "ACTIVE"})
+    assert old["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in old  # a spin count would cap ACTIVE
+    monkeypatch.setattr(cli, "LAUNCH_OPENMP_WAITS", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None})
     monkeypatch.delenv("OMP_WAIT_POLICY")
     assert cli.child_env()["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("SOMETHING", "x")

@@ -71,16 +71,22 @@ def test_affinity_mask_limits_the_default_threads_of_every_runtime():
     assert out.stdout.split() == ["1", "1"]
 
 
-def test_llama_is_loaded_with_sleeping_waits_unless_the_operator_chose():
-    """libgomp reads OMP_WAIT_POLICY once, when llama_cpp loads it: every load goes through import_llama."""
+def test_llama_is_loaded_with_short_spins_then_sleep_unless_the_operator_chose():
+    """libgomp reads OMP_WAIT_POLICY and GOMP_SPINCOUNT once, when llama_cpp loads it: every load goes
+    through import_llama. An operator's own setting of either one turns the engine's pair off."""
     code = ("import os; from qwen3_tts_gguf.talker import quiet_llama_logs; quiet_llama_logs(); "
-            "maps = open('/proc/self/maps').read(); print(os.environ.get('OMP_WAIT_POLICY'), 'libgomp' in maps)")
+            "maps = open('/proc/self/maps').read(); "
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), 'libgomp' in maps)")
     root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
-    assert out.returncode == 0, out.stderr
-    policy, gomp = out.stdout.split()
-    assert policy == cpus.WAIT_POLICY == "PASSIVE" and gomp == "True"  # the CPU build here uses OpenMP
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
-                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"})
-    assert out.stdout.split()[0] == "ACTIVE"
+    env = {k: v for k, v in os.environ.items() if k not in cpus.OPENMP_WAIT_VARS}
+
+    def loaded(**extra) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                             env={**env, **extra})
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert cpus.WAIT_POLICY == "PASSIVE" and cpus.SPIN_COUNT == 300
+    assert loaded() == ["PASSIVE", "300", "True"]  # the CPU build here uses OpenMP
+    assert loaded(OMP_WAIT_POLICY="ACTIVE")[:2] == ["ACTIVE", "None"]  # a spin count would cap ACTIVE's spinning
+    assert loaded(GOMP_SPINCOUNT="0")[:2] == ["None", "0"]
