@@ -298,4 +298,4 @@ class OursSession:
                 "predictor_precision": m.code_predictor.get("precision"), "text_mode": TEXT_MODE,
                 "prompt_rows": self.prompt_rows, "warmup_first_audio_s": self.warmup_first_audio_s,
                 "llama_cpp": llama_cpp.__version__, "onnxruntime": onnxruntime.__version__, "pid": os.getpid(),
-                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
