@@ -237,6 +237,8 @@ def codec_batch(args) -> dict:
     return {"markdown": table}
 
 
+STRESS_ARGS = {key: args for key, args, _ in LOADS if args}  # --load: stress-ng's arguments per load
+
 EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
                "codec-batch": codec_batch, "presets": presets, "malloc": malloc, "omp-spin": omp_spin}
 
@@ -252,7 +254,7 @@ def main(argv=None) -> int:
     p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")
     p.add_argument("--spins", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1000, 10000],
                    help="omp-spin: GOMP_SPINCOUNT values beside the engine's (libgomp's default is 300000)")
-    p.add_argument("--load", choices=[key for key, cmd, _ in LOADS if cmd],
+    p.add_argument("--load", choices=tuple(STRESS_ARGS),
                    help="run beside this stress-ng load (no quiet wait then)")
     args = p.parse_args(argv)
     started = time.time()
@@ -261,7 +263,7 @@ def main(argv=None) -> int:
         if exe is None:
             p.error("--load needs stress-ng (Debian package stress-ng)")
         args.quiet_wait = 0.0
-        with StressLoad(exe, dict((k, cmd) for k, cmd, _ in LOADS)[args.load], max_s=3600):
+        with StressLoad(exe, STRESS_ARGS[args.load], max_s=3600):
             time.sleep(SETTLE_S)
             result = EXPERIMENTS[args.experiment](args)
         result["markdown"] += f"\n\nBeside the load `{args.load}` (`stress-ng` running throughout)."

@@ -245,8 +245,9 @@ def render(res: dict) -> str:
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
       "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
       "Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision, "
-      "batching the codec, the codec's thread, the converter's presets, glibc's mmap threshold) are measured separately by "
-      "`python -m bench.experiments engine-knobs|codec-overlap|cp-quant|codec-batch|presets|malloc`.\n")
+      "batching the codec, the codec's thread, the converter's presets, glibc's mmap threshold, OpenMP's spin count) are "
+      "measured separately by `python -m bench.experiments engine-knobs|codec-overlap|cp-quant|codec-batch|presets|"
+      "malloc|omp-spin` (`--load cpu1|cpu2|stream1` beside a stress-ng load).\n")
     return "\n".join(out) + "\n"
 
 
@@ -281,7 +282,8 @@ def render_targets(res: dict) -> str:
     rtf = [_med(h["single"], "rtf") if h else None for _, h in heads.values()]
     add(f"one stream, default configuration (talker {_split(key0)[0] if key0 else '?'}, code predictor "
         f"{_split(key0)[1] if key0 else '?'}): RTF", _goal(RTF_TARGET), rtf, 2, _verdict(rtf[0], RTF_TARGET))
-    stages = _stage_bounds(res["shapes"][first], lim)
+    stage_bounds = {shape: _stage_bounds(res["shapes"][shape], lim) for shape in shapes}
+    stages = stage_bounds[first]
     if rtf[0] is not None and rtf[0] > RTF_TARGET and head0:
         s = head0["single"]
         t, c, k = (_med(s, x) for x in ("talker_step_ms", "predictor_ms", "codec_ms_per_frame"))
@@ -333,10 +335,7 @@ def render_targets(res: dict) -> str:
             f"while the words are on their way) remove most of the prefill: see *Time to first audio*.")
 
     # eight streams
-    aggs = []
-    for key, h in heads.values():
-        c8 = next((c for c in (h or {}).get("concurrency") or [] if c["streams"] == 8), None)
-        aggs.append(c8)
+    aggs = [next((c for c in (h or {}).get("concurrency") or [] if c["streams"] == 8), None) for _, h in heads.values()]
     add("eight streams: aggregate RTF", _goal(CONCURRENT_RTF_TARGET), [c and c["aggregate_rtf"] for c in aggs], 2,
         _verdict(aggs[0] and aggs[0]["aggregate_rtf"], CONCURRENT_RTF_TARGET))
     c8 = aggs[0]
@@ -352,10 +351,8 @@ def render_targets(res: dict) -> str:
             f"before any overlap.")
 
     # stages
-    stage_figs = []
-    for shape in shapes:
-        st = _stage_bounds(res["shapes"][shape], lim)
-        stage_figs.append(", ".join(f"{name} {meas / bound:.1f}×" for name, meas, bound in st) if st else None)
+    stage_figs = [", ".join(f"{name} {meas / bound:.1f}×" for name, meas, bound in st) if st else None
+                  for st in stage_bounds.values()]
     worst = max((meas / bound for _, meas, bound in stages), default=None)
     rows.append(("each stage against its lower bound (*Each stage next to its physical limit*)",
                  _goal(STAGE_BOUND_TARGET, 1, "×"), [f or "–" for f in stage_figs], _verdict(worst, STAGE_BOUND_TARGET)))

@@ -101,9 +101,11 @@ keeps its core while the thread it waits for cannot run, and every barrier of ev
 (0.6B q8_0, 2 cores: real-time factor 2.9 quiet, 35 with `stress-ng --cpu 2`). PASSIVE waits sleep at
 once: 5.9 under the same load, but each barrier then costs a wake-up, which a virtual machine makes
 slow (talker step 36 ms against 20 ms spinning). `SPIN_COUNT` turns first (GOMP_SPINCOUNT, which wins
-over the policy in libgomp), about 3 us, enough for the barriers inside one step: side by side, one
-stream 1.71 -> 1.60 quiet and equal under `stress-ng --cpu 1` and `--cpu 2` (2.52 / 2.53, 2.62 / 2.63),
-while 10,000 turns already collapsed under two loads (4.73); `python -m bench.experiments omp-spin`.
+over the policy in libgomp), about 3 us, enough for the barriers inside one step: side by side in
+`python -m bench.experiments omp-spin` (2026-12-01), one stream 1.71 -> 1.60 quiet and equal under
+`stress-ng --cpu 1` and `--cpu 2` (2.52 / 2.53, 2.62 / 2.63), while 10,000 turns already collapsed
+under two loads (4.73). The full bench's headline session, whose repeats follow its 8-stream and
+first-audio runs, kept 36 ms talker steps: not explained yet (issue *Real-time CPU*).
 An operator's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (either one turns this default off)."""
 
 OPENMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
