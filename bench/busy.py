@@ -9,8 +9,8 @@ killed and checked gone before the next load starts. The unloaded runs of the sa
 baseline of every slowdown.
 
 Our engine also runs with llama.cpp's OpenMP threads spinning at every barrier
-(`OMP_WAIT_POLICY=ACTIVE`, what the engine did before it chose PASSIVE in
-`qwen3_tts_gguf.cpus.import_llama`). That session is started only for its own runs and closed
+(`OMP_WAIT_POLICY=ACTIVE` with no spin count, which spins for ever: what the engine did before it
+capped the spin in `qwen3_tts_gguf.cpus.import_llama`). That session is started only for its own runs and closed
 right after: its idle OpenMP threads spin too, so while it is alive it is a background load of its
 own.
 """

@@ -88,10 +88,10 @@ def malloc(args) -> dict:
 
 
 def omp_spin(args) -> dict:
-    """llama.cpp's OpenMP threads at a barrier: spin GOMP_SPINCOUNT turns, then sleep (PASSIVE). The
-    engine's default is `cpus.SPIN_COUNT`; 0 sleeps at once; libgomp's own default, with no wait policy
-    set, is 300,000 (about 3 ms). GOMP_SPINCOUNT wins over the wait policy in libgomp."""
-    from qwen3_tts_gguf.cpus import SPIN_COUNT
+    """llama.cpp's OpenMP threads at a barrier: spin GOMP_SPINCOUNT turns, then sleep, under the engine's
+    wait policy. The engine's default is `cpus.SPIN_COUNT`; 0 sleeps at once; libgomp's own default, with
+    no wait policy set, is 300,000 (about 3 ms). GOMP_SPINCOUNT wins over the wait policy in libgomp."""
+    from qwen3_tts_gguf.cpus import SPIN_COUNT, WAIT_POLICY
 
     base = dict(_session_base(args), threads=args.threads)
     variants = {}
@@ -100,7 +100,25 @@ def omp_spin(args) -> dict:
             variants[f"spin {spins:,} then sleep (default)"] = (base, {})
         else:
             what = " (sleep at once)" if spins == 0 else " (libgomp's default)" if spins == 300000 else ""
-            variants[f"spin {spins:,} then sleep{what}"] = (base, {"GOMP_SPINCOUNT": str(spins)})
+            variants[f"spin {spins:,} then sleep{what}"] = (base, {"OMP_WAIT_POLICY": WAIT_POLICY,
+                                                                   "GOMP_SPINCOUNT": str(spins)})
+    return _compare(args, variants)
+
+
+def omp_policy(args) -> dict:
+    """The wait policy beside the engine's spin count, with one model loaded and with two (each engine on
+    its own thread, the second idle after one request). Two threads that called llama.cpp make libgomp
+    manage more threads than there are CPUs, and it then spins its *throttled* count, which the policy
+    sets: PASSIVE 0, none 100, ACTIVE min(1000, GOMP_SPINCOUNT)."""
+    from qwen3_tts_gguf.cpus import SPIN_COUNT, WAIT_POLICY
+
+    base = dict(_session_base(args), threads=args.threads)
+    variants = {}
+    for second, served in ((False, "one model"), (True, "two models served")):
+        for policy in ("PASSIVE", "", "ACTIVE"):
+            name = f"{policy or 'no policy'} + spin {SPIN_COUNT}, {served}" + (" (default)" if policy == WAIT_POLICY else "")
+            env = {"GOMP_SPINCOUNT": str(SPIN_COUNT), **({"OMP_WAIT_POLICY": policy} if policy else {})}
+            variants[name] = (dict(base, second_model=second), env)
     return _compare(args, variants)
 
 
@@ -240,7 +258,8 @@ def codec_batch(args) -> dict:
 STRESS_ARGS = {key: args for key, args, _ in LOADS if args}  # --load: stress-ng's arguments per load
 
 EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
-               "codec-batch": codec_batch, "presets": presets, "malloc": malloc, "omp-spin": omp_spin}
+               "codec-batch": codec_batch, "presets": presets, "malloc": malloc, "omp-spin": omp_spin,
+               "omp-policy": omp_policy}
 
 
 def main(argv=None) -> int:

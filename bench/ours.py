@@ -94,7 +94,7 @@ class OursSession:
     def __init__(self, model_dir: str, threads: int, frames: int, warmup_frames: int,
                  concurrency_frames: int, max_streams: int = 8,
                  predictor_file: str | None = None, llama_repack: bool = False, progress=None,
-                 engine: dict | None = None):
+                 engine: dict | None = None, second_model: bool = False):
         from qwen3_tts_gguf.model import EngineSettings, LoadedModel
         from qwen3_tts_gguf.prompt import VoiceSpec
         from qwen3_tts_gguf.scheduler import Engine
@@ -125,8 +125,21 @@ class OursSession:
         warm = {}
         self._consume(self.engine.submit(self._request(warmup_frames, 0)), time.perf_counter(), warm)
         self.warmup_first_audio_s = warm.get("first_audio_s")
+        self.second = self._second_model(model_dir, threads, max_streams, engine) if second_model else None
         self.log.take()
         self.peak_single = None
+
+    def _second_model(self, model_dir: str, threads: int, max_streams: int, engine: dict | None):
+        """The same folder loaded again with an engine of its own, as a server serving two models does,
+        left idle after one request: its engine thread keeps the OpenMP team llama.cpp gave it."""
+        from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+        from qwen3_tts_gguf.scheduler import Engine
+
+        self.progress("ours: second model")
+        model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=max_streams, **(engine or {})))
+        second = Engine(model).start()
+        self._consume(second.submit(self._request(2, 0)), time.perf_counter(), {})
+        return second
 
     def _request(self, n_frames: int, seed: int, text: str = TEXT, text_mode: str = TEXT_MODE):
         from qwen3_tts_gguf.request import SynthesisRequest
@@ -292,6 +305,9 @@ class OursSession:
 
         self.engine.stop()
         self.model.close()
+        if self.second:
+            self.second.stop()
+            self.second.model.close()
         m = self.model.manifest
         return {"load_s": self.load_s, "rss_loaded_mb": self.rss_loaded, "peak_rss_single_mb": self.peak_single,
                 "peak_rss_mb": peak_rss_mb(), "threads": self.threads, "quant": m.quant,

@@ -807,9 +807,9 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
       f"Real-time factor = wall s / audio s, median (best) of {busy.get('reps')} runs (official: "
       f"{busy.get('official_reps')}" + ("" if busy.get("official_loaded_reps", busy.get("official_reps")) == busy.get("official_reps") else f" with no load, {busy.get('official_loaded_reps')} under each load") + f"; old waits: {busy.get('old_reps')}; a single run shows one figure); slowdown = median RTF under the load / "
       f"median RTF with no load in the same block. *Old spinning waits*: our engine with `{old_env}`, so "
-      f"llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine sets PASSIVE with a "
-      f"{SPIN_COUNT}-turn spin when it loads llama.cpp, `qwen3_tts_gguf/cpus.py`); its own unloaded run is its "
-      "baseline.\n")
+      f"llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine caps the spin at "
+      f"{SPIN_COUNT} turns, GOMP_SPINCOUNT, when it loads llama.cpp, `qwen3_tts_gguf/cpus.py`); its own unloaded run "
+      "is its baseline.\n")
     w("| load | ours RTF | ours slowdown | official RTF | official slowdown | ours with the old spinning waits: "
       "RTF (slowdown) | background load: the load alone; during ours / official / old-waits runs |")
     w("|---|---|---|---|---|---|---|")
@@ -865,8 +865,8 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
     if old_none and new_none and old_none > 1.1 * new_none:
         w(f"With `{old_env}` the idle llama.cpp threads spin between llama.cpp calls too, on the cores ONNX Runtime "
           f"needs for the code predictor and the codec (the run kept {_f(oq, 2)} cores busy with no load, against "
-          f"{_f(q, 2)}), so it is slower even with no load. Before PASSIVE the engine left the variable unset, and "
-          "libgomp then spins about 3 ms before sleeping: no slower than PASSIVE on a quiet machine, but it "
+          f"{_f(q, 2)}), so it is slower even with no load. Before its spin cap the engine left the variables unset, "
+          "and libgomp then spins about 3 ms before sleeping: no slower than the cap on a quiet machine, but it "
           "collapsed under load as well (`qwen3_tts_gguf/cpus.py` quotes RTF 2.9 quiet and 35 under `stress-ng "
           "--cpu 2`); so the quiet row overstates what the old default cost.\n")
 

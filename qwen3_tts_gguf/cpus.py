@@ -93,20 +93,29 @@ def default_threads(threads: int | None = 0) -> int:
     return threads if threads and threads > 0 else usable_cpus()
 
 
-WAIT_POLICY = "PASSIVE"
+WAIT_POLICY = "ACTIVE"
 SPIN_COUNT = 300
-"""OpenMP's waits for llama.cpp's threads (its CPU backend is built with OpenMP). libgomp's default
-spins about 3 ms at every barrier; when another process takes one of the cores, the spinning thread
-keeps its core while the thread it waits for cannot run, and every barrier of every layer stalls
-(0.6B q8_0, 2 cores: real-time factor 2.9 quiet, 35 with `stress-ng --cpu 2`). PASSIVE waits sleep at
-once: 5.9 under the same load, but each barrier then costs a wake-up, which a virtual machine makes
-slow (talker step 36 ms against 20 ms spinning). `SPIN_COUNT` turns first (GOMP_SPINCOUNT, which wins
-over the policy in libgomp), about 3 us, enough for the barriers inside one step: side by side in
-`python -m bench.experiments omp-spin` (2026-12-01), one stream 1.71 -> 1.60 quiet and equal under
-`stress-ng --cpu 1` and `--cpu 2` (2.52 / 2.53, 2.62 / 2.63), while 10,000 turns already collapsed
-under two loads (4.73). The full bench's headline session, whose repeats follow its 8-stream and
-first-audio runs, kept 36 ms talker steps: not explained yet (issue *Real-time CPU*).
-An operator's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (either one turns this default off)."""
+"""OpenMP's waits for llama.cpp's threads (its CPU backend is built with OpenMP): spin `SPIN_COUNT` turns
+(about 3 us) at a barrier, then sleep. libgomp's default spins about 3 ms: when another process takes
+one of the cores, the spinning thread keeps its core while the thread it waits for cannot run, and
+every barrier of every layer stalls (0.6B q8_0, 2 cores: real-time factor 2.9 quiet, 35 under
+`stress-ng --cpu 2`). Sleeping at once (PASSIVE alone) survives that load (5.9) but pays a wake-up at
+each barrier, which a virtual machine makes slow (talker step 36 ms against 20 ms spinning). 300 turns
+keep the fast steps and the graceful degradation: side by side in `python -m bench.experiments omp-spin`
+(2026-12-01), one stream 1.71 -> 1.60 quiet, equal under `stress-ng --cpu 1` and `--cpu 2` (2.52 / 2.53,
+2.62 / 2.63); 10,000 turns already collapsed under two loads (4.73).
+
+GOMP_SPINCOUNT sets the spin count, whatever the policy; the policy sets the *throttled* count, which
+libgomp uses instead once it manages more threads than the process has CPUs: as soon as a second thread
+calls llama.cpp (a server with two models, each engine on its thread) and keeps its own team. PASSIVE
+throttles to 0, every barrier sleeps; no policy to 100 turns; ACTIVE to min(1000, GOMP_SPINCOUNT), the
+same 300 turns. Hence ACTIVE here, which, with a spin count, still sleeps once idle. Talker steps alone,
+a second thread's team alive (2026-12-01): PASSIVE 34.5 ms, none 27, ACTIVE 21 (one team: 21 for all
+three; the full bench's *alone* talker step, taken on its worker's main thread beside the engine's, was
+this case: 40 ms in its 2026-12-01 run); `python -m bench.experiments omp-policy`, two models served, two runs: one stream's RTF
+1.69 / 1.65 (PASSIVE) -> 1.58 / 1.59 (ACTIVE); one model: 1.65 / 1.61 -> 1.62 / 1.55.
+An operator's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (either one turns this default off: ACTIVE alone
+spins for ever)."""
 
 OPENMP_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 

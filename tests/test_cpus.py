@@ -86,7 +86,36 @@ def test_llama_is_loaded_with_short_spins_then_sleep_unless_the_operator_chose()
         assert out.returncode == 0, out.stderr
         return out.stdout.split()
 
-    assert cpus.WAIT_POLICY == "PASSIVE" and cpus.SPIN_COUNT == 300
-    assert loaded() == ["PASSIVE", "300", "True"]  # the CPU build here uses OpenMP
+    assert cpus.WAIT_POLICY == "ACTIVE" and cpus.SPIN_COUNT == 300
+    assert loaded() == ["ACTIVE", "300", "True"]  # the CPU build here uses OpenMP
     assert loaded(OMP_WAIT_POLICY="ACTIVE")[:2] == ["ACTIVE", "None"]  # a spin count would cap ACTIVE's spinning
     assert loaded(GOMP_SPINCOUNT="0")[:2] == ["None", "0"]
+
+
+IDLE_AFTER_TWO_TEAMS = """
+import sys, threading, time
+import numpy as np
+from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings
+talker = Talker(sys.argv[1], TalkerSettings(threads=2, max_streams=2))
+row = np.zeros((1, talker.hidden_size), np.float32)
+done, stop = threading.Event(), threading.Event()
+def second_engine():  # a second thread that called llama.cpp and lives on, like a second model's engine
+    talker.decode([DecodeItem(1, 0, row)]); done.set(); stop.wait()
+threading.Thread(target=second_engine, daemon=True).start()
+done.wait()
+talker.decode([DecodeItem(0, 0, row)])
+cpu = time.process_time(); time.sleep(1.0); print(time.process_time() - cpu)
+"""
+
+
+def test_llama_threads_sleep_once_idle_with_two_calling_threads(tiny_cv_f32):
+    """ACTIVE with a spin count (the engine's pair) spins only that long: once idle, both threads' OpenMP
+    teams sleep, also when libgomp manages more threads than CPUs. (ACTIVE alone would spin for ever:
+    about a CPU-second per idle second per worker thread.)"""
+    from qwen3_tts_gguf.manifest import TALKER_FILE
+
+    env = {k: v for k, v in os.environ.items() if k not in cpus.OPENMP_WAIT_VARS}
+    out = subprocess.run([sys.executable, "-c", IDLE_AFTER_TWO_TEAMS, str(tiny_cv_f32 / TALKER_FILE)],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1], env=env)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.split()[-1]) < 0.3  # CPU seconds used while idle for one second
