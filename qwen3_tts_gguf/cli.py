@@ -30,7 +30,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     try:
         quant, cp_precision = _weight_formats(args)
         convert_checkpoint(args.hf_dir, args.output, quant, name=args.name, cp_precision=cp_precision,
-                           overwrite=args.force, verify=not args.no_verify, threads=args.threads)
+                           cp_block_size=args.cp_block_size, overwrite=args.force, verify=not args.no_verify,
+                           threads=args.threads)
     except (CheckpointError, FileExistsError, VerificationError) as e:
         raise CliError(str(e)) from e
     return 0
@@ -275,6 +276,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 def _cmd_pull(args: argparse.Namespace) -> int:
     from .checkpoint import CheckpointError
     from .convert.pipeline import convert_checkpoint
+    from .convert.presets import CP_BLOCK_SIZE
     from .convert.verify import VerificationError
     from .download import DownloadError, download_checkpoint
     from .paths import model_base_dir
@@ -282,10 +284,13 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     repo_name = args.repo_id.rstrip("/").split("/")[-1]
     quant, cp_precision = _weight_formats(args)
     suffix = quant if cp_precision == "int8" else f"{quant}-cp{cp_precision}"  # int8: the names pull always gave
+    if cp_precision != "fp32" and args.cp_block_size != CP_BLOCK_SIZE:
+        suffix += f"-cpblock{args.cp_block_size}"
     out = (args.output or model_base_dir()) / f"{repo_name}-{suffix}"
     try:
         source = args.from_dir or download_checkpoint(args.repo_id, args.source)
-        convert_checkpoint(source, out, quant, cp_precision=cp_precision, overwrite=args.force)
+        convert_checkpoint(source, out, quant, cp_precision=cp_precision, cp_block_size=args.cp_block_size,
+                           overwrite=args.force)
     except (DownloadError, CheckpointError, FileExistsError, VerificationError) as e:
         raise CliError(str(e)) from e
     print(f"ready: {out}")
@@ -299,8 +304,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _add_weight_args(p: argparse.ArgumentParser) -> None:
-    """--preset, --quant and --cp-precision (convert and pull); `_weight_formats` resolves them."""
-    from .convert.presets import CP_PRECISIONS, DEFAULT_PRESET, PRESETS
+    """--preset, --quant, --cp-precision (`_weight_formats` resolves these three) and --cp-block-size
+    (convert and pull)."""
+    from .convert.presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS, DEFAULT_PRESET, PRESETS
     from .convert.talker_gguf import QUANTS
 
     p.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET,
@@ -311,6 +317,9 @@ def _add_weight_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cp-precision", choices=CP_PRECISIONS,
                    help="code predictor weights (default: the preset's; int8 is ~2-3x faster than fp32, the "
                         "parity precision)")
+    p.add_argument("--cp-block-size", type=int, choices=CP_BLOCK_SIZES, default=CP_BLOCK_SIZE,
+                   help="int8/int4 code predictor: weights per scale (default %(default)s; 32 agrees more closely "
+                        "with fp32 and is about a quarter slower, docs/benchmarks.md)")
 
 
 def _weight_formats(args: argparse.Namespace) -> tuple[str, str]:

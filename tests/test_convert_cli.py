@@ -277,4 +277,20 @@ def test_a_preset_chooses_both_formats_and_a_flag_overrides_half(tiny_cv, tmp_pa
     target = tmp_path / "Qwen3-TTS-12Hz-0.6B-CustomVoice-q4_k_m-cpint4"
     assert f"ready: {target}" in r.stdout
     assert load_manifest(target).quant == "q4_k_m"
+    assert load_manifest(target).code_predictor["block_size"] == 128
     assert "MatMulNBits" in {n.op_type for n in __import__("onnx").load(target / "code_predictor.onnx").graph.node}
+
+
+def test_the_code_predictor_block_size_is_a_choice_of_convert_and_pull(tiny_cv, tmp_path):
+    import onnx
+
+    r = _cli("pull", "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "--from-dir", tiny_cv, "--quant", "f32",
+             "--cp-block-size", "32", "--output", tmp_path)
+    target = tmp_path / "Qwen3-TTS-12Hz-0.6B-CustomVoice-f32-cpblock32"  # int8 at a block size not the default
+    assert f"ready: {target}" in r.stdout
+    predictor = load_manifest(target).code_predictor
+    assert (predictor["precision"], predictor["block_size"]) == ("int8", 32)
+    graph = onnx.load(target / "code_predictor.onnx").graph
+    assert {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"} == {32}
+    bad = _cli("convert", tiny_cv, "-o", tmp_path / "bad", "--cp-block-size", "48", check=False)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr and not (tmp_path / "bad").exists()

@@ -324,3 +324,21 @@ def test_quantized_code_predictor_agreement(converted_factory, precision, max_re
     record_property(f"{precision}_codebook1_greedy_agreement", agreement)
     print(f"{precision}: logits rel RMS {rel_rms:.4f}, codebook-1 greedy agreement {agreement:.2f}")
     assert rel_rms < max_rel_rms
+
+
+def test_quantized_code_predictor_block_size(setup):
+    """Every MatMulNBits takes the asked weights per scale (default `CP_BLOCK_SIZE`), written in the graph's
+    metadata; a size ONNX Runtime's kernels do not take is refused."""
+    from qwen3_tts_gguf.convert.predictor_graph import quantize_code_predictor
+    from qwen3_tts_gguf.convert.presets import CP_BLOCK_SIZE
+
+    def blocks(model) -> set[int]:
+        return {a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+
+    default = quantize_code_predictor(build_code_predictor(setup.ckpt), "int8")
+    assert CP_BLOCK_SIZE == 128 and blocks(default) == {128}
+    narrow = quantize_code_predictor(build_code_predictor(setup.ckpt), "int4", 32)
+    assert blocks(narrow) == {32}
+    assert {p.key: p.value for p in narrow.metadata_props}.items() >= {"precision": "int4", "block_size": "32"}.items()
+    with pytest.raises(ValueError, match="block size"):
+        quantize_code_predictor(build_code_predictor(setup.ckpt), "int8", 48)

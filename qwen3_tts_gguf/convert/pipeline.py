@@ -23,7 +23,7 @@ from ..manifest import (CODEC_ENCODER_FILE, CODEC_FILE, MANIFEST, PREDICTOR_FILE
 from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
 from .onnx_builder import save_model
 from .predictor_graph import build_code_predictor, quantize_code_predictor
-from .presets import CP_PRECISIONS
+from .presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
 from .talker_gguf import QUANTS, write_talker_gguf
 from .text_tables import write_text_tables
 
@@ -107,16 +107,18 @@ def build_manifest(ckpt: Checkpoint, quant: str, name: str) -> Manifest:
 
 
 def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8_0", *, name: str | None = None,
-                       cp_precision: str = "int8", overwrite: bool = False, verify: bool = True, threads: int = 0,
-                       show_progress: bool = True) -> Manifest:
+                       cp_precision: str = "int8", cp_block_size: int = CP_BLOCK_SIZE, overwrite: bool = False,
+                       verify: bool = True, threads: int = 0, show_progress: bool = True) -> Manifest:
     """Convert an official checkpoint folder into a model folder at `out_dir`; returns its manifest.
 
     `quant` is the talker's weight format, `cp_precision` the code predictor's (fp32 | int8 | int4;
-    fp32 is the parity precision, int8 the users' default)."""
+    fp32 is the parity precision, int8 the users' default), quantized with `cp_block_size` weights per scale."""
     if quant not in QUANTS:
         raise CheckpointError(f"unknown quant {quant!r}; choose one of {', '.join(QUANTS)}")
     if cp_precision not in CP_PRECISIONS:
         raise CheckpointError(f"unknown code predictor precision {cp_precision!r}; choose {', '.join(CP_PRECISIONS)}")
+    if cp_block_size not in CP_BLOCK_SIZES:
+        raise CheckpointError(f"code predictor block size must be one of {CP_BLOCK_SIZES}, got {cp_block_size}")
     out_dir = Path(out_dir)
     _recover(out_dir)
     if out_dir.exists() and not overwrite:
@@ -145,8 +147,8 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         # its weights beside the graph: ONNX Runtime maps that file, its MatMul kernels pack their own
         # copy and never read the mapped one again (143 MiB less resident at 0.6B, same speed; the codec
         # gains nothing this way: its convolutions read the weights at every call)
-        save_model(quantize_code_predictor(build_code_predictor(ckpt), cp_precision), tmp / PREDICTOR_FILE,
-                   external=True)
+        predictor = quantize_code_predictor(build_code_predictor(ckpt), cp_precision, cp_block_size)
+        save_model(predictor, tmp / PREDICTOR_FILE, external=True)
         bar.update()
         stage("codec decoder")
         from .codec_graph import build_codec_decoder
@@ -166,6 +168,8 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
             shutil.copy(ckpt.path / f, tmp / f)
         manifest = build_manifest(ckpt, quant, name)
         manifest.code_predictor["precision"] = cp_precision
+        if cp_precision != "fp32":
+            manifest.code_predictor["block_size"] = cp_block_size
         manifest.files = {
             p.name: FileEntry(bytes=p.stat().st_size, sha256=sha256_file(p))
             for p in sorted(tmp.iterdir()) if p.is_file()

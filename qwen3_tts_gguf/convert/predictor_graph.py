@@ -24,7 +24,7 @@ import onnx
 
 from ..checkpoint import Checkpoint
 from .onnx_builder import GraphBuilder
-from .presets import CP_PRECISIONS
+from .presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
 
 NUM_STEPS = 15  # codebooks 1..15
 ROPE_NODE = "rope_rotation"  # MatMuls by constant rotations: exact in fp32, never quantized
@@ -241,14 +241,16 @@ def build_code_predictor(ckpt: Checkpoint, float_type=np.float32, teacher_forced
 # predictor reads its ~80 M weights 15 times per frame, so it is bandwidth-bound and narrower
 # weights are proportionally faster. fp32 stays the parity precision.
 _NBITS = {"int8": 8, "int4": 4}
-NBITS_BLOCK_SIZE = 32
 NBITS_ACCURACY_LEVEL = 4  # int8 activations: ORT's fastest CPU kernels (AVX-512 VNNI / AVX2)
 
 
-def quantize_code_predictor(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
-    """The graph with every constant-weight MatMul as MatMulNBits (symmetric, blocks of 32)."""
+def quantize_code_predictor(model: onnx.ModelProto, precision: str,
+                            block_size: int = CP_BLOCK_SIZE) -> onnx.ModelProto:
+    """The graph with every constant-weight MatMul as MatMulNBits (symmetric, `block_size` weights per scale)."""
     if precision not in CP_PRECISIONS:
         raise ValueError(f"unknown code predictor precision {precision!r}; choose {', '.join(CP_PRECISIONS)}")
+    if block_size not in CP_BLOCK_SIZES:
+        raise ValueError(f"code predictor block size must be one of {CP_BLOCK_SIZES}, got {block_size}")
     if precision == "fp32":
         return model
     import logging
@@ -257,11 +259,12 @@ def quantize_code_predictor(model: onnx.ModelProto, precision: str) -> onnx.Mode
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
     rope = [n.name for n in model.graph.node if n.name.startswith(ROPE_NODE)]
-    quantizer = MatMulNBitsQuantizer(model, bits=_NBITS[precision], block_size=NBITS_BLOCK_SIZE,
+    quantizer = MatMulNBitsQuantizer(model, bits=_NBITS[precision], block_size=block_size,
                                      is_symmetric=True, accuracy_level=NBITS_ACCURACY_LEVEL,
                                      nodes_to_exclude=rope)
     quantizer.process()
     quantized = quantizer.model.model
-    entry = quantized.metadata_props.add()
-    entry.key, entry.value = "precision", precision
+    for key, value in (("precision", precision), ("block_size", str(block_size))):
+        entry = quantized.metadata_props.add()
+        entry.key, entry.value = key, value
     return quantized
