@@ -7,6 +7,7 @@ from qwen3_tts_gguf.cpus import SPIN_COUNT
 
 from .busy import LOADS as BUSY_LOADS
 from .common import FRAME_RATE, TEXT, median
+from .experiments import EXPERIMENTS, STRESS_ARGS
 
 SAMPLING = "temperature 0.9, top-k 50, top-p 1.0 for codebook 0 (repetition penalty 1.05) and for the code predictor"
 
@@ -244,10 +245,10 @@ def render(res: dict) -> str:
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
       "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
-      "Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision, "
-      "batching the codec, the codec's thread, the converter's presets, glibc's mmap threshold, OpenMP's spin count) are "
-      "measured separately by `python -m bench.experiments engine-knobs|codec-overlap|cp-quant|codec-batch|presets|"
-      "malloc|omp-spin` (`--load cpu1|cpu2|stream1` beside a stress-ng load).\n")
+      "Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision and "
+      "block size, batching the codec, the codec's thread, the converter's presets, glibc's mmap threshold, OpenMP's "
+      "spin count and wait policy) are measured separately by `python -m bench.experiments "
+      f"{'|'.join(EXPERIMENTS)}` (`--load {'|'.join(STRESS_ARGS)}` beside a stress-ng load).\n")
     return "\n".join(out) + "\n"
 
 
@@ -806,7 +807,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
       f"({(frames or 0) / FRAME_RATE:.1f} s of audio) per utterance, while other processes load the machine. "
       f"Real-time factor = wall s / audio s, median (best) of {busy.get('reps')} runs (official: "
       f"{busy.get('official_reps')}" + ("" if busy.get("official_loaded_reps", busy.get("official_reps")) == busy.get("official_reps") else f" with no load, {busy.get('official_loaded_reps')} under each load") + f"; old waits: {busy.get('old_reps')}; a single run shows one figure); slowdown = median RTF under the load / "
-      f"median RTF with no load in the same block. *Old spinning waits*: our engine with `{old_env}`, so "
+      f"median RTF with no load in the same block. *Old spinning waits*: our engine with `{old_env}` and no spin count, so "
       f"llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine caps the spin at "
       f"{SPIN_COUNT} turns, GOMP_SPINCOUNT, when it loads llama.cpp, `qwen3_tts_gguf/cpus.py`); its own unloaded run "
       "is its baseline.\n")
@@ -863,7 +864,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
     oq = cores["old"].get("none")
     old_none, new_none = sd.get("none", {}).get("old", (None,) * 3)[0], sd.get("none", {}).get("ours", (None,) * 3)[0]
     if old_none and new_none and old_none > 1.1 * new_none:
-        w(f"With `{old_env}` the idle llama.cpp threads spin between llama.cpp calls too, on the cores ONNX Runtime "
+        w(f"With `{old_env}` alone the idle llama.cpp threads spin between llama.cpp calls too, on the cores ONNX Runtime "
           f"needs for the code predictor and the codec (the run kept {_f(oq, 2)} cores busy with no load, against "
           f"{_f(q, 2)}), so it is slower even with no load. Before its spin cap the engine left the variables unset, "
           "and libgomp then spins about 3 ms before sleeping: no slower than the cap on a quiet machine, but it "
