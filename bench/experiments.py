@@ -116,7 +116,8 @@ def omp_policy(args) -> dict:
     variants = {}
     for second, served in ((False, "one model"), (True, "two models served")):
         for policy in ("PASSIVE", "", "ACTIVE"):
-            name = f"{policy or 'no policy'} + spin {SPIN_COUNT}, {served}" + (" (default)" if policy == WAIT_POLICY else "")
+            default = " (default)" if policy == WAIT_POLICY else ""
+            name = f"{policy or 'no policy'} + spin {SPIN_COUNT}, {served}{default}"
             env = {"GOMP_SPINCOUNT": str(SPIN_COUNT), **({"OMP_WAIT_POLICY": policy} if policy else {})}
             variants[name] = (dict(base, second_model=second), env)
     return _compare(args, variants)
