@@ -125,18 +125,19 @@ class OursSession:
         warm = {}
         self._consume(self.engine.submit(self._request(warmup_frames, 0)), time.perf_counter(), warm)
         self.warmup_first_audio_s = warm.get("first_audio_s")
-        self.second = self._second_model(model_dir, threads, max_streams, engine) if second_model else None
+        self.second = self._second_model(model_dir) if second_model else None
         self.log.take()
         self.peak_single = None
 
-    def _second_model(self, model_dir: str, threads: int, max_streams: int, engine: dict | None):
-        """The same folder loaded again with an engine of its own, as a server serving two models does,
-        left idle after one request: its engine thread keeps the OpenMP team llama.cpp gave it."""
-        from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    def _second_model(self, model_dir: str):
+        """The same folder loaded again, with the first's settings and an engine of its own, as a server
+        serving two models does, left idle after one request: its engine thread keeps the OpenMP team
+        llama.cpp gave it."""
+        from qwen3_tts_gguf.model import LoadedModel
         from qwen3_tts_gguf.scheduler import Engine
 
         self.progress("ours: second model")
-        model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=max_streams, **(engine or {})))
+        model = LoadedModel(model_dir, self.model.settings)
         second = Engine(model).start()
         self._consume(second.submit(self._request(2, 0)), time.perf_counter(), {})
         return second

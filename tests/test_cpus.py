@@ -71,6 +71,11 @@ def test_affinity_mask_limits_the_default_threads_of_every_runtime():
     assert out.stdout.split() == ["1", "1"]
 
 
+def _env_without_openmp_waits() -> dict:
+    """This environment less the OpenMP wait variables: a subprocess then gets the engine's defaults."""
+    return {k: v for k, v in os.environ.items() if k not in cpus.OPENMP_WAIT_VARS}
+
+
 def test_llama_is_loaded_with_short_spins_then_sleep_unless_the_operator_chose():
     """libgomp reads OMP_WAIT_POLICY and GOMP_SPINCOUNT once, when llama_cpp loads it: every load goes
     through import_llama. An operator's own setting of either one turns the engine's pair off."""
@@ -78,7 +83,7 @@ def test_llama_is_loaded_with_short_spins_then_sleep_unless_the_operator_chose()
             "maps = open('/proc/self/maps').read(); "
             "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), 'libgomp' in maps)")
     root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k not in cpus.OPENMP_WAIT_VARS}
+    env = _env_without_openmp_waits()
 
     def loaded(**extra) -> list[str]:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
@@ -114,7 +119,7 @@ def test_llama_threads_sleep_once_idle_with_two_calling_threads(tiny_cv_f32):
     about a CPU-second per idle second per worker thread.)"""
     from qwen3_tts_gguf.manifest import TALKER_FILE
 
-    env = {k: v for k, v in os.environ.items() if k not in cpus.OPENMP_WAIT_VARS}
+    env = _env_without_openmp_waits()
     out = subprocess.run([sys.executable, "-c", IDLE_AFTER_TWO_TEAMS, str(tiny_cv_f32 / TALKER_FILE)],
                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1], env=env)
     assert out.returncode == 0, out.stderr
