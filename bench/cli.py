@@ -4,7 +4,7 @@
 stress-ng loads, ours and official side by side), merged into the latest saved full results.
 `python -m bench --only memory`: only the memory block (RSS per part and at 8 streams, per KV cache; 1.7B too).
 `python -m bench --only overlap`: only the codec-overlap block (codec inline vs on its own thread).
-`python -m bench --only codec`: only the codec-precision block (fp16, int8, a polynomial Snake: speed and SNR).
+`python -m bench --only codec`: only the codec-precision block (fp16, int8, the Snake with `Sin`: speed and SNR).
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
 """

@@ -6,8 +6,9 @@ Each variant is built here from the headline model's converted fp32 codec graph:
 - int8 (Conv + MatMul): ONNX Runtime's dynamic quantization, int8 weights per channel and uint8
   activations quantized per tensor at run time;
 - int8 (MatMul only): the same for the MatMuls (the pre-transformer and the upsampling), convolutions fp32;
-- Snake as a polynomial: fp32, each Snake's `Sin` (one thread in ONNX Runtime) and its square replaced
-  by multi-threaded elementwise ops: sin²(y) = u·Q(u) with f = y/π − round(y/π), u = f².
+- Snake with Sin: fp32, each Snake's sin² computed by ONNX `Sin` (one thread in ONNX Runtime) and a
+  square, as the converter did before its polynomial (`codec_graph.sin_pi_squared`); built from the
+  model's source checkpoint.
 Every variant decodes the same random frames in the engine's chunks (1, 2, 4, 8, ...), rounds
 alternating; speed is ms per frame over the whole utterance, fidelity the SNR and largest sample
 difference against the fp32 graph decoding the same chunks. A variant may become the default only at
@@ -29,81 +30,29 @@ CHUNKS = (1, 2, 4, 8, 8, 8, 8, 9)  # 48 frames as the engine emits them
 GATE_DB = 40.0
 GATE_SPEEDUP = 0.95  # at most this fraction of fp32's ms per frame: smaller gains are within the noise
 REFERENCE = "fp32 (default)"
+SNAKE_SIN = "Snake with Sin"
 VARIANTS = {  # name -> what changes
     REFERENCE: "the converted graph",
     "fp16": "every tensor float16; inputs and outputs fp32",
     "int8, Conv + MatMul": "dynamic quantization: int8 weights per channel, uint8 activations per tensor",
     "int8, MatMul only": "dynamic quantization of the MatMuls; convolutions fp32",
-    "Snake as a polynomial": "fp32; Sin and its square replaced by elementwise ops (each sin² within 1e-8)",
+    SNAKE_SIN: "fp32; each Snake's sin² by ONNX `Sin` (one thread) and a square instead of the polynomial",
 }
-SNAKE_DEGREE = 5  # Q's degree: |u·Q(u) − sin²(πf)| < 1e-8 for |f| ≤ 1/2
-
-
-def _snake_coefficients(degree: int = SNAKE_DEGREE) -> np.ndarray:
-    """Least-squares Q with sin²(πf) ≈ u·Q(u), u = f², over |f| ≤ 1/2 (Chebyshev nodes)."""
-    f = np.cos(np.linspace(0, np.pi, 4001)) * 0.5
-    u = f * f
-    keep = u > 1e-12
-    basis = np.stack([u[keep] ** (k + 1) for k in range(degree + 1)], 1)
-    coef, *_ = np.linalg.lstsq(basis, np.sin(np.pi * f[keep]) ** 2, rcond=None)
-    return coef
-
-
-def snake_as_polynomial(model):
-    """Every Snake's Sin(α·x)² in `model` (an onnx.ModelProto, changed in place) computed by elementwise
-    ops; returns (model, how many were rewritten). A Snake is Mul(x, α) → Sin → Mul(s, s) with α a
-    constant; any other Sin (the rotary embedding's) is left as it is."""
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    producer = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in graph.node:
-        for i in set(n.input):
-            consumers.setdefault(i, []).append(n)
-    coef = _snake_coefficients()
-    for k, c in enumerate(coef):
-        graph.initializer.append(numpy_helper.from_array(np.array(c, np.float32), f"snake_poly_c{k}"))
-    nodes, squares, rewritten = [], {}, 0  # squares: output -> Sin output of each Mul(s, s) replaced
-    for node in graph.node:
-        square = consumers.get(node.output[0], [None])[0] if node.op_type == "Sin" else None
-        scale = producer.get(node.input[0]) if square is not None else None
-        alpha = next((i for i in scale.input if i in inits), None) if scale is not None and scale.op_type == "Mul" else None
-        if (alpha is None or len(consumers[node.output[0]]) != 1 or square.op_type != "Mul"
-                or list(square.input) != [node.output[0]] * 2 or len(consumers[scale.output[0]]) != 1):
-            nodes.append(node)
-            continue
-        p = f"snake_poly{rewritten}_"
-        scaled = numpy_helper.to_array(inits[alpha]).astype(np.float64) / np.pi
-        graph.initializer.append(numpy_helper.from_array(scaled.astype(np.float32), p + "alpha_over_pi"))
-        scale.input[list(scale.input).index(alpha)] = p + "alpha_over_pi"  # the Mul now makes y/π
-        t = node.input[0]
-        nodes += [helper.make_node("Round", [t], [p + "k"]), helper.make_node("Sub", [t, p + "k"], [p + "f"]),
-                  helper.make_node("Mul", [p + "f", p + "f"], [p + "u"])]
-        acc = f"snake_poly_c{len(coef) - 1}"
-        for k in range(len(coef) - 2, -1, -1):  # Horner: Q(u) = c0 + u(c1 + u(...))
-            nodes += [helper.make_node("Mul", [acc, p + "u"], [p + f"m{k}"]),
-                      helper.make_node("Add", [p + f"m{k}", f"snake_poly_c{k}"], [p + f"q{k}"])]
-            acc = p + f"q{k}"
-        nodes.append(helper.make_node("Mul", [acc, p + "u"], [square.output[0]]))
-        squares[square.output[0]] = node.output[0]
-        rewritten += 1
-    nodes = [n for n in nodes if list(n.input) != [squares.get(n.output[0])] * 2]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model, rewritten
-
-
-def build_variants(source: Path, out_dir: Path) -> dict[str, Path]:
-    """Each variant's graph file under `out_dir` (the reference is `source` itself)."""
+def build_variants(model_dir: Path, out_dir: Path) -> dict[str, Path]:
+    """Each variant's graph file under `out_dir` (the reference is the model's own codec graph)."""
     import logging
 
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
+    from qwen3_tts_gguf.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
+    from qwen3_tts_gguf.convert.onnx_builder import save_model
+    from qwen3_tts_gguf.manifest import CODEC_FILE, load_manifest
+
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
+    source = model_dir / CODEC_FILE
     paths = {REFERENCE: source}
     fp16 = convert_float_to_float16(onnx.load(source), keep_io_types=True, disable_shape_infer=True)
     onnx.save(fp16, paths.setdefault("fp16", out_dir / "codec_fp16.onnx"))
@@ -112,10 +61,8 @@ def build_variants(source: Path, out_dir: Path) -> dict[str, Path]:
         paths[name] = out_dir / file
         quantize_dynamic(source, paths[name], op_types_to_quantize=ops, per_channel=True,
                          weight_type=QuantType.QUInt8, extra_options={"MatMulConstBOnly": True})
-    poly, rewritten = snake_as_polynomial(onnx.load(source))
-    if not rewritten:
-        raise ValueError("no Snake activation found in the codec graph")
-    onnx.save(poly, paths.setdefault("Snake as a polynomial", out_dir / "codec_snake_poly.onnx"))
+    checkpoint = Checkpoint.open(load_manifest(model_dir).source["path"])
+    save_model(build_codec_decoder(checkpoint, snake_sin=True), paths.setdefault(SNAKE_SIN, out_dir / "codec_sin.onnx"))
     return paths
 
 
@@ -139,7 +86,6 @@ def decode_chunked(codec, codes: np.ndarray) -> tuple[np.ndarray, float]:
 def measure(model_dir: str, threads: int, rounds: int = 3, quiet_s: float = 0.0, progress=None) -> dict:
     """Speed (ms per frame, per round) and fidelity against fp32 of every variant."""
     from qwen3_tts_gguf.codec import CodecDecoder
-    from qwen3_tts_gguf.manifest import CODEC_FILE
 
     codes = np.random.default_rng(0).integers(0, 2048, (sum(CHUNKS), 16))
     out: dict = {"frames": len(codes), "chunks": list(CHUNKS), "threads": threads, "rounds": rounds,
@@ -147,7 +93,7 @@ def measure(model_dir: str, threads: int, rounds: int = 3, quiet_s: float = 0.0,
     with tempfile.TemporaryDirectory() as tmp:
         if progress:
             progress("codec precisions: building the variants")
-        paths = build_variants(Path(model_dir) / CODEC_FILE, Path(tmp))
+        paths = build_variants(Path(model_dir), Path(tmp))
         codecs, reference = {}, None
         for name, path in paths.items():
             entry = out["variants"][name] = {"changes": VARIANTS[name], "file_mb": path.stat().st_size / 2**20,

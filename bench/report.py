@@ -1038,7 +1038,8 @@ def render_codec(block: dict, standalone: bool = False) -> str:
     if "error" in block or not variants:
         w(f"**Not measured**: {block.get('error', 'no variant ran')}.\n")
         return "\n".join(out) + "\n"
-    w("Each variant is built by the bench from the converted fp32 graph. *SNR* and *max difference*: its samples "
+    w("Each variant is built by the bench from the converted fp32 graph (*Snake with Sin* from the model's source "
+      "checkpoint, as the converter built the codec before its polynomial Snake). *SNR* and *max difference*: its samples "
       "against the fp32 graph's for the same chunks. A variant may become the default only at an SNR of at least "
       f"{GATE_DB:.0f} dB and if it is at least {100 * (1 - GATE_SPEEDUP):.0f} % faster (less is within the rounds' "
       "noise). Random weights only: real checkpoints must be measured again.\n")
@@ -1061,7 +1062,7 @@ def render_codec(block: dict, standalone: bool = False) -> str:
     w("Meets the gate: " + ", ".join(passing) + ".\n" if passing else
       "No variant meets the gate, so the fp32 codec stays the default. ONNX Runtime's CPU kernels set the limits here: integer convolutions quantize every activation to 8 "
       "bits per tensor, which random weights' wide activations do not survive; fp16 gains little without "
-      "native fp16 arithmetic; and a Snake in a dozen elementwise passes costs more than its one `Sin`.\n")
+      "native fp16 arithmetic; and the Snake's `Sin` runs on one thread where the polynomial runs on all.\n")
     return "\n".join(out) + "\n"
 
 

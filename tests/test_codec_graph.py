@@ -15,8 +15,8 @@ import pytest
 
 from qwen3_tts_gguf.checkpoint import Checkpoint
 from qwen3_tts_gguf.codec import CodecDecoder, CodecState, split_states, stack_states
-from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder, state_specs
-from qwen3_tts_gguf.convert.onnx_builder import save_model
+from qwen3_tts_gguf.convert.codec_graph import SIN_PI_SQUARED, build_codec_decoder, sin_pi_squared, state_specs
+from qwen3_tts_gguf.convert.onnx_builder import GraphBuilder, save_model
 from tests.reference.official import import_qwen_tts
 
 FP32_TOL = 1e-4  # fp32 noise floor of this decoder is ~4e-5 (see module docstring)
@@ -181,3 +181,38 @@ def test_fp64_streaming_split_is_exact(tiny_cv):
     assert whole.dtype == np.float64 and whole.shape == (1, n * 1920)
     for schedule in ([1], [5], [1, 2, 3, 4, 3]):
         assert np.abs(run(schedule) - whole).max() < FP64_TOL, schedule
+
+
+def test_the_snake_polynomial_is_the_least_squares_fit_of_sin_squared():
+    """SIN_PI_SQUARED re-derived: Q with sin²(πf) ≈ u·Q(u), u = f², on Chebyshev nodes of |f| ≤ 1/2."""
+    f = np.cos(np.linspace(0, np.pi, 4001)) * 0.5
+    keep = f * f > 1e-12
+    u = (f * f)[keep]
+    fit, *_ = np.linalg.lstsq(np.stack([u ** (k + 1) for k in range(6)], 1), np.sin(np.pi * f[keep]) ** 2, rcond=None)
+    np.testing.assert_allclose(SIN_PI_SQUARED, fit, rtol=1e-6)
+    f = np.linspace(-0.5, 0.5, 200001)
+    assert np.abs(f * f * np.polynomial.polynomial.polyval(f * f, SIN_PI_SQUARED) - np.sin(np.pi * f) ** 2).max() < 1e-8
+
+
+def test_the_snake_polynomial_graph_follows_sin_squared_at_any_argument():
+    """The fp32 ops ONNX Runtime runs: within 3e-7 of sin²(πy) for the fp32 y it is given, |y| up to 1e4."""
+    import onnxruntime as ort
+
+    g = GraphBuilder("sin_pi_squared", np.float32)
+    g.output(sin_pi_squared(g, g.input("y", "float", ["N"])), "s", "float", ["N"])
+    session = ort.InferenceSession(g.model().SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    y = np.concatenate([rng.uniform(-3, 3, 100000), rng.uniform(-1e4, 1e4, 100000), np.arange(-8, 8.5, 0.5)])
+    y = y.astype(np.float32)
+    (s,) = session.run(None, {"y": y})
+    assert np.abs(s - np.sin(np.pi * y.astype(np.float64)) ** 2).max() < 3e-7
+
+
+def test_snakes_are_polynomials_in_fp32_and_sin_in_the_fp64_proof(tiny_cv):
+    """Only the rotary embedding keeps a Sin in the runtime graph; `snake_sin` builds the Sin form."""
+    ckpt = Checkpoint.open(tiny_cv)
+    sines = {k: sum(n.op_type == "Sin" for n in m.graph.node) for k, m in (
+        ("fp32", build_codec_decoder(ckpt)), ("fp64", build_codec_decoder(ckpt, np.float64)),
+        ("fp32 sin", build_codec_decoder(ckpt, snake_sin=True)))}
+    snakes = 1 + 7 * len(ckpt.config.codec.upsample_rates)  # each block: its own + 2 in each of 3 residual units
+    assert sines["fp64"] == sines["fp32 sin"] == sines["fp32"] + snakes

@@ -1,8 +1,9 @@
 """The 12 Hz codec decoder (code2wav) as one stateful, streaming ONNX graph.
 
 Feeding frames in any chunking gives the same waveform as the official whole-utterance
-`Qwen3TTSTokenizerV2Decoder.forward` (exact in fp64; fp32 rounding noise otherwise), because every
-piece of history the decoder looks back at is carried explicitly between calls.
+`Qwen3TTSTokenizerV2Decoder.forward` (exact in fp64; fp32 rounding noise otherwise, the Snakes'
+sin^2 a polynomial within 1.1e-7), because every piece of history the decoder looks back at is carried
+explicitly between calls.
 
 Inputs: `codes` int64 [B, N, 16], `in_pos` int64 [B] (frames already decoded per stream) and
 `in_<state>` for each state below. Outputs: `wav` float [B, N*1920] clamped to [-1, 1],
@@ -44,6 +45,21 @@ from .onnx_builder import GraphBuilder
 
 INT_MAX = np.iinfo(np.int64).max
 NUM_CODEBOOKS_SEMANTIC = 1
+# sin(pi*f)^2 = u*Q(u), u = f^2, |f| <= 1/2: Q's coefficients c0..c5, a least-squares fit on Chebyshev
+# nodes (max error 6.3e-9; 1.1e-7 with the coefficients rounded to fp32). ONNX Runtime's Sin is scalar
+# and single-threaded, about a sixth of the codec's time; these elementwise ops run on every thread.
+SIN_PI_SQUARED = (9.869602862099184, -32.469578315538755, 42.72533822629437, -30.08560427089877,
+                  12.989520750069191, -3.2713667499473047)
+
+
+def sin_pi_squared(g: GraphBuilder, y: str) -> str:
+    """sin(pi*y)^2 by elementwise ops: u*Q(u) with f = y - round(y), u = f^2 (see SIN_PI_SQUARED)."""
+    f = g.op("Sub", y, g.op("Round", y))
+    u = g.op("Mul", f, f)
+    acc = g.const(SIN_PI_SQUARED[-1])
+    for c in SIN_PI_SQUARED[-2::-1]:  # Horner: Q(u) = c0 + u(c1 + u(c2 + ...))
+        acc = g.op("Add", g.op("Mul", acc, u), g.const(c))
+    return g.op("Mul", acc, u)
 
 
 @dataclass(frozen=True)
@@ -56,8 +72,9 @@ class StateSpec:
 
 
 class _CodecBuilder:
-    def __init__(self, ckpt: Checkpoint, float_type):
+    def __init__(self, ckpt: Checkpoint, float_type, snake_sin: bool):
         self.g = GraphBuilder("qwen3_tts_codec_decoder", float_type)
+        self.snake_sin = snake_sin
         self.cfg = ckpt.config.codec
         self.weights = ckpt.codec_weights
         self.float_name = np.dtype(float_type).name
@@ -91,10 +108,14 @@ class _CodecBuilder:
         ft = self.g.float_type
         alpha = np.exp(self.w(prefix + ".alpha").astype(ft))
         inv_beta = 1.0 / (np.exp(self.w(prefix + ".beta").astype(ft)) + ft(1e-9))
-        a = self.init(prefix + ".alpha_exp", alpha.reshape(1, -1, 1))
         b = self.init(prefix + ".beta_inv", inv_beta.reshape(1, -1, 1))
-        s = self.g.op("Sin", self.g.op("Mul", x, a))
-        return self.g.op("Add", x, self.g.op("Mul", self.g.op("Mul", s, s), b))
+        if self.snake_sin:
+            s = self.g.op("Sin", self.g.op("Mul", x, self.init(prefix + ".alpha_exp", alpha.reshape(1, -1, 1))))
+            square = self.g.op("Mul", s, s)
+        else:
+            scaled = (alpha.astype(np.float64) / np.pi).astype(ft).reshape(1, -1, 1)
+            square = sin_pi_squared(self.g, self.g.op("Mul", x, self.init(prefix + ".alpha_over_pi", scaled)))
+        return self.g.op("Add", x, self.g.op("Mul", square, b))
 
     def causal_conv(self, x: str, prefix: str, state: str | None, *, dilation: int = 1, groups: int = 1) -> str:
         """Causal Conv1d on [B, C, L]: the last (k-1)*d input columns of the previous call are prepended."""
@@ -297,12 +318,15 @@ class _CodecBuilder:
         return g.model(metadata, doc="Qwen3-TTS 12 Hz codec decoder, stateful streaming (see codec_graph.py)")
 
 
-def build_codec_decoder(ckpt: Checkpoint, float_type=np.float32) -> onnx.ModelProto:
+def build_codec_decoder(ckpt: Checkpoint, float_type=np.float32, snake_sin: bool | None = None) -> onnx.ModelProto:
     """The streaming codec decoder of `ckpt` as an opset-17 ONNX model (weights embedded).
 
     float_type np.float64 builds the same graph in double precision (for `onnx.reference`;
-    ONNX Runtime's CPU provider has no double Conv)."""
-    return _CodecBuilder(ckpt, float_type).build()
+    ONNX Runtime's CPU provider has no double Conv). The Snake activations use `Sin` in that graph
+    (the exact proof) and the polynomial `sin_pi_squared` otherwise, unless `snake_sin` says."""
+    if snake_sin is None:
+        snake_sin = np.dtype(float_type) == np.float64
+    return _CodecBuilder(ckpt, float_type, snake_sin).build()
 
 
 def state_specs(model: onnx.ModelProto) -> list[StateSpec]:
