@@ -16,6 +16,12 @@ import numpy as np
 
 from .onnx_session import make_session
 
+MAX_CALL_FRAMES = 8
+"""Frames (streams x frames) one ONNX Runtime call decodes at most; longer input is decoded in pieces,
+the state carried between them (the same samples up to fp32 rounding). A call's activations take about
+20 MiB per frame at fp32 (a 30 s voice reference in one call: 7 GiB), and ms per frame is flat from 4
+frames per call on (slower again from 32)."""
+
 
 @dataclass
 class CodecState:
@@ -47,8 +53,10 @@ def split_states(state: CodecState) -> list[CodecState]:
 class CodecDecoder:
     """The codec decoder ONNX graph behind an ONNX Runtime session."""
 
-    def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu"):
+    def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu",
+                 max_call_frames: int = MAX_CALL_FRAMES):
         self.session = make_session(path, threads=threads, device=device)
+        self.max_call_frames = max_call_frames
         meta = self.session.get_modelmeta().custom_metadata_map
         self.state_specs: list[tuple[str, tuple[int, ...], np.dtype]] = [
             (d["name"], tuple(d["shape"]), np.dtype(d["dtype"])) for d in json.loads(meta["states"])
@@ -64,7 +72,7 @@ class CodecDecoder:
         return CodecState({name: np.zeros((batch, *shape), dtype) for name, shape, dtype in self.state_specs})
 
     def decode(self, codes: np.ndarray, state: CodecState | None = None) -> tuple[np.ndarray, CodecState]:
-        """Decode N new frames per stream.
+        """Decode N new frames per stream (in calls of at most `max_call_frames` frames in all).
 
         codes: [B, N, 16] (or [N, 16] for one stream) integer codes < codebook_size; negatives
         (padding) count as 0, as in the official wrapper.
@@ -82,12 +90,21 @@ class CodecDecoder:
         state = state if state is not None else self.new_state(codes.shape[0])
         if state.batch != codes.shape[0]:
             raise ValueError(f"codes have {codes.shape[0]} streams but the state has {state.batch}")
-        feeds = {"codes": codes.astype(np.int64, copy=False)}
-        feeds.update({f"in_{name}": array for name, array in state.tensors.items()})
+        codes = codes.astype(np.int64, copy=False)
+        step = max(1, self.max_call_frames // codes.shape[0])
+        parts = []
+        for start in range(0, codes.shape[1], step):
+            wav, state = self._run(codes[:, start:start + step], state)
+            parts.append(wav)
+        wav = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        return (wav[0] if single else wav), state
+
+    def _run(self, codes: np.ndarray, state: CodecState) -> tuple[np.ndarray, CodecState]:
+        """One ONNX Runtime call: wav [B, N*samples_per_frame] and the new state."""
+        feeds = {"codes": codes, **{f"in_{name}": array for name, array in state.tensors.items()}}
         wav, *new = self.session.run(self._outputs, feeds)
         new_state = CodecState({name: array for (name, _, _), array in zip(self.state_specs, new)})
-        wav = wav.astype(np.float32, copy=False)
-        return (wav[0] if single else wav), new_state
+        return wav.astype(np.float32, copy=False), new_state
 
     def decode_all(self, codes: np.ndarray) -> np.ndarray:
         """Whole-utterance decode of codes [T, 16] from a fresh state: wav float32 [T*samples_per_frame]."""

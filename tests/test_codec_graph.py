@@ -71,7 +71,8 @@ def setup(request, tmp_path_factory):
     save_model(model, path)
     codes = np.random.default_rng(1234).integers(0, 2048, (T, 16))
     official = official_decoder(ckpt_dir)
-    return dict(model=model, dec=CodecDecoder(path, threads=2), official=official, codes=codes,
+    # calls as large as the schedules ask (the graph's window logic needs calls longer than the window)
+    return dict(model=model, dec=CodecDecoder(path, threads=2, max_call_frames=64), official=official, codes=codes,
                 ref=official_wav(official, codes), ckpt_dir=ckpt_dir)
 
 
@@ -216,3 +217,23 @@ def test_snakes_are_polynomials_in_fp32_and_sin_in_the_fp64_proof(tiny_cv):
         ("fp32 sin", build_codec_decoder(ckpt, snake_sin=True)))}
     snakes = 1 + 7 * len(ckpt.config.codec.upsample_rates)  # each block: its own + 2 in each of 3 residual units
     assert sines["fp64"] == sines["fp32 sin"] == sines["fp32"] + snakes
+
+
+def test_long_input_is_decoded_in_bounded_calls(setup, tmp_path):
+    """CodecDecoder splits B*N frames into calls of at most max_call_frames (a call's activations grow
+    with its frames): the same samples and state as one call, to fp32 rounding."""
+    path = tmp_path / "codec.onnx"
+    save_model(setup["model"], path)
+    whole_dec, split_dec = CodecDecoder(path, threads=1, max_call_frames=1000), CodecDecoder(path, threads=1, max_call_frames=4)
+    seen: list[tuple[int, ...]] = []
+    run = split_dec.session.run
+    split_dec.session = type("Spy", (), {"run": lambda _, names, feeds: seen.append(feeds["codes"].shape) or run(names, feeds)})()
+    codes = np.stack([setup["codes"][:11], setup["codes"][5:16]])  # 2 streams x 11 frames
+    whole, whole_state = whole_dec.decode(codes)
+    split, split_state = split_dec.decode(codes)
+    assert seen == [(2, 2, 16)] * 5 + [(2, 1, 16)]
+    assert np.abs(split - whole).max() < FP32_TOL
+    for name, value in whole_state.tensors.items():
+        assert np.abs(split_state.tensors[name] - value).max() <= FP32_TOL * max(1.0, np.abs(value).max()), name
+    one, _ = split_dec.decode(setup["codes"][:9])  # one stream: 4 + 4 + 1
+    assert seen[6:] == [(1, 4, 16), (1, 4, 16), (1, 1, 16)] and one.shape == (9 * 1920,)
