@@ -92,5 +92,5 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
                           max_pending_live=args.max_live_waiting, max_buffered_audio_s=args.max_buffered_audio_s,
                           deterministic=args.deterministic, gpu_layers=gpu_layers, device=device,
                           kv_cache=getattr(args, "kv_cache", None) or EngineSettings.kv_cache,
-                          n_ctx=getattr(args, "n_ctx", None) or EngineSettings.n_ctx,
+                          n_ctx=getattr(args, "n_ctx", None) or 0,
                           codec_overlap=not getattr(args, "no_codec_overlap", False))

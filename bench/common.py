@@ -73,6 +73,16 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def rss_file_mb() -> float | None:
+    """The part of this process's RSS that is pages of mapped files (RssFile: clean pages the kernel may
+    drop and read again, shared with other processes mapping the same files), MiB; None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssFile:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def _busy_jiffies() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs since boot."""
     with open("/proc/stat") as f:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE, peak_rss_mb, rss_mb
+from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE, peak_rss_mb, rss_file_mb, rss_mb
 
 KV_CACHES = ("q8_0", "f16")
 STREAMS = 8
@@ -55,8 +55,8 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     steps = list(rss)
     shares = {"runtimes": rss["runtimes"], **{b: rss[b] - rss[a] for a, b in zip(steps, steps[1:])}}
     files = {p.name: p.stat().st_size / 2**20 for p in folder.iterdir() if p.suffix in (".gguf", ".onnx", ".data", ".safetensors")}
-    return {"kv_cache": talker.kv_cache, "n_ctx": settings.n_ctx, "kv_cache_mb": talker.kv_cache_bytes / 2**20,
-            "shares_mb": shares, "loaded_mb": rss["codec"], "files_mb": files}
+    return {"kv_cache": talker.kv_cache, "n_ctx": settings.kv_cells, "kv_cache_mb": talker.kv_cache_bytes / 2**20,
+            "shares_mb": shares, "loaded_mb": rss["codec"], "loaded_file_mb": rss_file_mb(), "files_mb": files}
 
 
 def peak(model_dir: str, threads: int, kv_cache: str, frames: int) -> dict:
@@ -77,7 +77,7 @@ def peak(model_dir: str, threads: int, kv_cache: str, frames: int) -> dict:
             for _ in stream:
                 pass
     return {"kv_cache": model.talker.kv_cache, "loaded_mb": loaded, "peak_mb": peak_rss_mb(), "streams": STREAMS,
-            "frames": frames, "wall_s": time.perf_counter() - t0}
+            "frames": frames, "wall_s": time.perf_counter() - t0, "after_mb": rss_mb(), "after_file_mb": rss_file_mb()}
 
 
 def measure(progress, model_dir: str, threads: int, frames: int, kv_caches: tuple[str, ...] = KV_CACHES) -> dict:

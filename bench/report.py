@@ -956,6 +956,12 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
     w("| **loaded** | " + " | ".join(f"**{kvs[k]['parts']['loaded_mb']:.0f}**" for k in names) + " |")
     w(f"| **peak, {kvs[names[0]]['peak']['streams']} streams** | "
       + " | ".join(f"**{kvs[k]['peak']['peak_mb']:.0f}**" for k in names) + " |")
+    if all(kvs[k]["parts"].get("loaded_file_mb") is not None and kvs[k]["peak"].get("after_file_mb") is not None
+           for k in names):
+        w("| of which pages of memory-mapped files, loaded / after the streams (clean: the kernel may drop and "
+          "read them again; shared by processes mapping the same files) | "
+          + " | ".join(f"{kvs[k]['parts']['loaded_file_mb']:.0f} / {kvs[k]['peak']['after_file_mb']:.0f}"
+                       for k in names) + " |")
     files = kvs[names[0]]["parts"].get("files_mb", {})
     w("")
     w("Files on disk: " + ", ".join(f"{n} {mb:.0f}" for n, mb in sorted(files.items())) + " MiB.\n")
@@ -966,8 +972,10 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
       + ("" if best <= MEMORY_TARGET_MB else
          f"The three graphs' weights alone take {weights:.0f} MiB (talker q8_0, code predictor int8, codec fp32); "
          "the code predictor's resident share is ONNX Runtime's packed copy of its weights (its kernels need the "
-         "packing: without it one frame took 30x longer; the file it packs from is mapped and not read again), "
-         "the codec reads its fp32 weights at every call, and the KV cache holds 8192 cells for all streams.") + "\n")
+         "packing: without it one frame took 30x longer), its embedding tables stay in the mapped file and come "
+         "in as frames read them, the codec reads its fp32 weights at every call (and holds about 20 MiB of "
+         "activations per frame in a call: `codec.MAX_CALL_FRAMES` bounds a call), and the KV cache holds "
+         f"{kvs[names[0]]['parts']['n_ctx']} cells for all streams (1024 per stream unless `--n-ctx` says).") + "\n")
     _render_other_shapes(w, mem.get("shapes") or {})
     return "\n".join(out) + "\n"
 

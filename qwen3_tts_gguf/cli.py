@@ -209,7 +209,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     try:
         model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
                                                    gpu_layers=args.gpu_layers, kv_cache=args.kv_cache,
-                                                   n_ctx=args.n_ctx, codec_overlap=not args.no_codec_overlap))
+                                                   n_ctx=args.n_ctx or 0, codec_overlap=not args.no_codec_overlap))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -331,6 +331,7 @@ def _weight_formats(args: argparse.Namespace) -> tuple[str, str]:
 def _add_device_args(p: argparse.ArgumentParser) -> None:
     """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
     from .devices import ONNX_DEVICES, parse_gpu_layers
+    from .model import KV_CELLS_PER_STREAM, MIN_KV_CELLS
     from .talker import KV_CACHE_TYPES
 
     p.add_argument("--device", choices=ONNX_DEVICES, default="cpu",
@@ -343,9 +344,10 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache", choices=KV_CACHE_TYPES, default="q8_0",
                    help="talker KV cache precision: q8_0 takes half the memory of f16 (agreement: docs/benchmarks.md); "
                         "--deterministic always uses f32 (default %(default)s)")
-    p.add_argument("--n-ctx", type=_number(int, 512), default=8192, metavar="CELLS",
+    p.add_argument("--n-ctx", type=_number(int, 512), default=None, metavar="CELLS",
                    help="talker KV cells shared by all of a model's streams: memory (60 KiB per cell at 0.6B "
-                        "with q8_0, 112 with f16) against how many long texts run at once (default %(default)s)")
+                        f"with q8_0, 112 with f16) against how many long texts run at once (default "
+                        f"{KV_CELLS_PER_STREAM} per stream, --max-streams for serve and one for speak, at least {MIN_KV_CELLS})")
     p.add_argument("--no-codec-overlap", action="store_true",
                    help="decode audio on the engine thread between steps instead of on its own thread beside the "
                         "talker and code predictor (the fast profile overlaps them on 2+ threads)")

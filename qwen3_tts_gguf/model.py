@@ -22,13 +22,19 @@ def release_freed_heap() -> None:
         pass
 
 
+KV_CELLS_PER_STREAM = 1024
+"""Talker KV cells per configured stream when `n_ctx` is not given (a 1000-character segment of English
+speech takes about 1250: prompt, text and frames), and never fewer than MIN_KV_CELLS in all."""
+MIN_KV_CELLS = 2048
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """Runtime knobs. `deterministic` is the parity profile (F32 KV cache, flash attention off)."""
 
     threads: int = 0  # 0: all cores
     max_streams: int = 8
-    n_ctx: int = 8192  # KV cells shared by all streams
+    n_ctx: int = 0  # KV cells shared by all streams; 0: KV_CELLS_PER_STREAM per stream (kv_cells)
     deterministic: bool = False
     device: str = "cpu"  # ONNX Runtime device for code predictor and codec: devices.ONNX_DEVICES (cpu, auto, cuda, ...)
     gpu_layers: int = 0  # llama.cpp talker layers to offload (Vulkan/CUDA builds); -1: all (devices.GPU_LAYERS_ALL)
@@ -45,6 +51,11 @@ class EngineSettings:
     prefix_cache: int = 4  # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic)
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
 
+    @property
+    def kv_cells(self) -> int:
+        """The talker's KV cells: `n_ctx`, or KV_CELLS_PER_STREAM per stream (at least MIN_KV_CELLS)."""
+        return self.n_ctx or max(MIN_KV_CELLS, KV_CELLS_PER_STREAM * self.max_streams)
+
 
 def talker_settings(settings: EngineSettings, quant: str):
     """The talker's context settings (talker.TalkerSettings) for an engine with `settings` and a
@@ -52,7 +63,7 @@ def talker_settings(settings: EngineSettings, quant: str):
     from .talker import TalkerSettings, repack_pays
 
     return TalkerSettings(
-        n_ctx=settings.n_ctx, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
+        n_ctx=settings.kv_cells, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
         threads=default_threads(settings.threads), kv_cache=settings.kv_cache,
         gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
         repack=repack_pays(quant, deterministic=settings.deterministic, gpu_layers=settings.gpu_layers))

@@ -332,15 +332,15 @@ class Engine:
         return sum(a.reserved for a in self._active.values()) + sum(rows for _, rows in self._prefixes.values())
 
     def _shared_pool(self) -> bool:
-        return self.model.talker.cells_per_stream == self.settings.n_ctx
+        return self.model.talker.cells_per_stream == self.settings.kv_cells
 
     def _make_room(self, need: int) -> bool:
         """Whether `need` more cells fit the shared pool, evicting cached prefixes if that helps."""
         if not self._shared_pool():
             return True
-        while self._cells_in_use() + need > self.settings.n_ctx and self._prefixes:
+        while self._cells_in_use() + need > self.settings.kv_cells and self._prefixes:
             self._evict_oldest_prefix()
-        return self._cells_in_use() + need <= self.settings.n_ctx
+        return self._cells_in_use() + need <= self.settings.kv_cells
 
     def _evict_oldest_prefix(self) -> None:
         _, (seq, _) = self._prefixes.popitem(last=False)
@@ -515,7 +515,7 @@ class Engine:
         """Live text grows: reserve cells for what has arrived, as far as the pool has room."""
         want = self._reservation(act)
         if want > act.reserved:
-            act.reserved += max(0, min(want - act.reserved, self.settings.n_ctx - self._cells_in_use())
+            act.reserved += max(0, min(want - act.reserved, self.settings.kv_cells - self._cells_in_use())
                                 if self._shared_pool() else want - act.reserved)
 
     def _prefill_item(self, act: _Active) -> DecodeItem:
@@ -549,7 +549,7 @@ class Engine:
         are taken); None when the pool has no room: reservations come first."""
         if len(self._prefixes) >= len(self._prefix_seqs):
             self._evict_oldest_prefix()
-        if self._cells_in_use() + rows > self.settings.n_ctx:
+        if self._cells_in_use() + rows > self.settings.kv_cells:
             return None
         return next(s for s in self._prefix_seqs if s not in {v[0] for v in self._prefixes.values()})
 

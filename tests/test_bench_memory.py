@@ -14,6 +14,7 @@ def test_parts_and_peak_measure_a_real_model(tiny_cv_f32):
     assert parts["loaded_mb"] >= sum(parts["shares_mb"].values()) - 1
     peak = memory.peak(str(tiny_cv_f32), 1, "q8_0", frames=4)
     assert peak["peak_mb"] >= peak["loaded_mb"] > 0 and peak["streams"] == 8
+    assert 0 < parts["loaded_file_mb"] < parts["loaded_mb"] and 0 < peak["after_file_mb"] < peak["after_mb"]
 
 
 def _block(peaks=(2100.0, 2500.0)):
@@ -21,10 +22,10 @@ def _block(peaks=(2100.0, 2500.0)):
     for name, peak in zip(memory.KV_CACHES, peaks):
         kv[name] = {"parts": {"kv_cache": name, "n_ctx": 8192, "kv_cache_mb": 476.0 if name == "q8_0" else 896.0,
                               "shares_mb": {"runtimes": 65, "tokenizer_tables": 92, "talker": 931, "code_predictor": 398,
-                                            "codec": 472}, "loaded_mb": 1958,
+                                            "codec": 472}, "loaded_mb": 1958, "loaded_file_mb": 500,
                               "files_mb": {"talker.gguf": 453, "code_predictor.onnx": 252, "codec_decoder.onnx": 435,
                                            "text_tables.safetensors": 672}},
-                    "peak": {"peak_mb": peak, "loaded_mb": 2000, "streams": 8}}
+                    "peak": {"peak_mb": peak, "loaded_mb": 2000, "streams": 8, "after_file_mb": 610}}
     return {"date": "d", "commit": "c", "model": "m", "threads": 2, "kv": kv}
 
 
@@ -32,7 +33,8 @@ def test_the_section_names_each_part_and_the_target():
     text = render_memory(_block())
     assert "| **peak, 8 streams** | **2100** | **2500** |" in text
     assert "476 (8192 cells)" in text and "**not reached** (2100 MiB)" in text
-    assert "weights alone take 1140 MiB" in text
+    assert "weights alone take 1140 MiB" in text and "holds 8192 cells" in text
+    assert "(clean: the kernel may drop and read them again; shared by processes mapping the same files) | 500 / 610 |" in text
     assert "**reached** (1400 MiB)" in render_memory(_block((1400.0, 1800.0)))
     assert "Not measured" in render_memory({"kv": {"q8_0": {"parts": {"error": "x"}, "peak": {}}}})
     doc = splice_section("# B\n\n## Machine limits\n\nx\n", "## Memory", render_memory(_block(), standalone=True))

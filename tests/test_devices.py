@@ -74,8 +74,10 @@ def test_kv_cache_flags_reach_the_engine_from_synth_and_serve(monkeypatch):
     assert build_parser().parse_args(["synth", "hello", "--kv-cache", "f16"]).kv_cache == "f16"
     with pytest.raises(SystemExit):
         serve_args("--kv-cache", "q4_0")
-    assert engine_settings_from_args(serve_args("--n-ctx", "4096"), check_devices=False).n_ctx == 4096
-    assert engine_settings_from_args(serve_args(), check_devices=False).n_ctx == 8192
+    assert engine_settings_from_args(serve_args("--n-ctx", "4096"), check_devices=False).kv_cells == 4096
+    assert engine_settings_from_args(serve_args(), check_devices=False).kv_cells == 8192  # 8 streams x 1024
+    assert engine_settings_from_args(serve_args("--max-streams", "4"), check_devices=False).kv_cells == 4096
+    assert engine_settings_from_args(serve_args("--max-streams", "1"), check_devices=False).kv_cells == 2048
     assert build_parser().parse_args(["synth", "hello", "--n-ctx", "2048"]).n_ctx == 2048
     with pytest.raises(SystemExit):
         serve_args("--n-ctx", "100")

@@ -174,6 +174,20 @@ def test_a_prompt_that_cannot_fit_is_refused_at_submit(engine):
         engine.open_text_stream(SynthesisRequest("", VoiceSpec(speaker="ryan", instruct=words)))
 
 
+@pytest.mark.parametrize("max_streams, deterministic, cells, per_stream", [
+    (1, False, 2048, 2048), (4, False, 4096, 4096), (4, True, 4096, 1024)])
+def test_the_kv_cache_is_sized_from_the_streams_configured(converted_factory, max_streams, deterministic,
+                                                           cells, per_stream):
+    """No n_ctx given: 1024 cells per stream, at least 2048 (llama.cpp's own context size checked)."""
+    model = LoadedModel(converted_factory("tiny_cv", "f32"),
+                        EngineSettings(threads=1, max_streams=max_streams, deterministic=deterministic))
+    try:
+        talker = model.talker
+        assert talker._L.llama_n_ctx(talker._ctx) == cells and talker.cells_per_stream == per_stream
+    finally:
+        model.close()
+
+
 def test_a_long_input_of_digits_works_through_segments(converted_factory):
     """A segment too long for one stream's context is split again until it fits."""
     model = LoadedModel(converted_factory("tiny_cv", "f32"),
