@@ -19,8 +19,8 @@ from .onnx_session import make_session
 MAX_CALL_FRAMES = 8
 """Frames (streams x frames) one ONNX Runtime call decodes at most; longer input is decoded in pieces,
 the state carried between them (the same samples up to fp32 rounding). A call's activations take about
-20 MiB per frame at fp32 (a 30 s voice reference in one call: 7 GiB), and ms per frame is flat from 4
-frames per call on (slower again from 32)."""
+20 MiB per frame at fp32, and ms per frame is flat from 4 frames per call on, slower from 32 (a 30 s voice
+reference, 375 frames, in one call: peak RSS 3.9 GiB and 49.9 s; in calls of 8: 0.8 GiB and 14.3 s)."""
 
 
 @dataclass
