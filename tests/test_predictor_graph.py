@@ -342,3 +342,20 @@ def test_quantized_code_predictor_block_size(setup):
     assert {p.key: p.value for p in narrow.metadata_props}.items() >= {"precision": "int4", "block_size": "32"}.items()
     with pytest.raises(ValueError, match="block size"):
         quantize_code_predictor(build_code_predictor(setup.ckpt), "int8", 48)
+
+
+def test_weights_that_read_the_same_rows_are_one_matmul(setup):
+    """q, k, v and gate, up each read one normed input: one MatMul (one MatMulNBits quantized) per group,
+    so no two weight MatMuls share an input (their activation would be quantized twice)."""
+    from qwen3_tts_gguf.convert.predictor_graph import ROPE_NODE, quantize_code_predictor
+
+    fp32 = build_code_predictor(setup.ckpt)
+    layers = setup.ckpt.config.code_predictor.num_layers
+    fused = {t.name for t in fp32.graph.initializer if t.name.endswith(("qkv_proj.weight", "gate_up_proj.weight"))}
+    assert len(fused) == 2 * layers
+    int8 = quantize_code_predictor(build_code_predictor(setup.ckpt), "int8")  # (quantizes in place)
+    for model, op in ((fp32, "MatMul"), (int8, "MatMulNBits")):
+        weights = {t.name for t in model.graph.initializer}
+        inputs = [n.input[0] for n in model.graph.node
+                  if n.op_type == op and n.input[1] in weights and not n.name.startswith(ROPE_NODE)]
+        assert len(inputs) == len(set(inputs)) > 0
