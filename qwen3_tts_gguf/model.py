@@ -23,8 +23,9 @@ def release_freed_heap() -> None:
 
 
 KV_CELLS_PER_STREAM = 1024
-"""Talker KV cells per configured stream when `n_ctx` is not given (a 1000-character segment of English
-speech takes about 1250: prompt, text and frames), and never fewer than MIN_KV_CELLS in all."""
+"""Talker KV cells per configured stream when `n_ctx` is not given, never fewer than MIN_KV_CELLS in all
+(so one stream holds a whole segment of `max_segment_chars`: about 250 English text tokens, their
+prompt and their frames at a few per token). The pool is shared: a stream alone may use all of it."""
 MIN_KV_CELLS = 2048
 
 

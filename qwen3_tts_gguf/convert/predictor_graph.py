@@ -59,8 +59,9 @@ class _Stack:
     def matmuls(self, x: str, names: list[str], fused: str) -> list[str]:
         """x @ W.T for several Linear weights that read the same x: one MatMul by their outputs side by
         side (registered as `fused`), split again. Quantized, that is one MatMulNBits: the activation is
-        quantized once and the thread pool woken once instead of once per weight (one frame: 10 % less time
-        with the same codes, measured on the 0.6B shape); each output column keeps its own blocks."""
+        quantized once and the thread pool woken once instead of once per weight (one frame at the 0.6B
+        shape: 6 % less time, median of 15 alternating rounds, the same int8 codes and embeddings to the
+        bit); each output column keeps its own blocks."""
         if fused not in self._names:
             arrays = [np.asarray(self.w[n]) for n in names]
             self._names[fused] = self.b.weight(fused, np.ascontiguousarray(np.concatenate(arrays).T))
