@@ -7,6 +7,7 @@
     python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
     python -m bench.experiments malloc [--rounds 6]         # glibc's dynamic mmap threshold against a fixed one
     python -m bench.experiments omp-spin [--load cpu1]      # llama.cpp's OpenMP threads: how long they spin before sleeping
+    python -m bench.experiments graphs [--rounds 6]         # the codec's polynomial Snake, the fused code-predictor MatMuls
 
 `--load cpu1|cpu2|stream1` runs the comparison beside that `stress-ng` load (bench/busy.py's LOADS).
 
@@ -121,6 +122,49 @@ def omp_policy(args) -> dict:
             env = {"GOMP_SPINCOUNT": str(SPIN_COUNT), **({"OMP_WAIT_POLICY": policy} if policy else {})}
             variants[name] = (dict(base, second_model=second), env)
     return _compare(args, variants)
+
+
+GRAPH_VARIANTS = ("codec Snake with Sin", "code predictor q, k, v and gate, up separate",
+                  "both (the graphs before 2026-12-01)")
+
+
+def graph_variants(model: Path, out: Path) -> dict[str, Path]:
+    """GRAPH_VARIANTS of the model folder `model`, each a copy under `out` with its graphs rebuilt from the
+    model's checkpoint (code predictor int8, as the default converts it) and its manifest updated."""
+    from qwen3_tts_gguf.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
+    from qwen3_tts_gguf.convert.onnx_builder import save_model
+    from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
+    from qwen3_tts_gguf.manifest import CODEC_FILE, MANIFEST, PREDICTOR_FILE, Manifest, file_entries, load_manifest
+
+    ckpt = Checkpoint.open(load_manifest(model).source["path"])
+    sin = {CODEC_FILE: lambda p: save_model(build_codec_decoder(ckpt, snake_sin=True), p)}
+    separate = {PREDICTOR_FILE: lambda p: save_model(
+        quantize_code_predictor(build_code_predictor(ckpt, fuse=False), "int8"), p, external=True)}
+    folders = {}
+    for name, files in zip(GRAPH_VARIANTS, (sin, separate, {**sin, **separate})):
+        folder = folders[name] = out / name.split(" (")[0].replace(" ", "-").replace(",", "")
+        shutil.copytree(model, folder, ignore=shutil.ignore_patterns(*(f + "*" for f in files)))
+        for file, build in files.items():
+            build(folder / file)
+        manifest = Manifest.from_dict(json.loads((folder / MANIFEST).read_text()))
+        manifest.files = file_entries(folder)
+        (folder / MANIFEST).write_text(manifest.to_json())
+    return folders
+
+
+def graphs(args) -> dict:
+    """The converter's graph choices of 2026-12-01 side by side in the engine (`graph_variants`): the
+    codec's Snake with ONNX `Sin` instead of the polynomial, and the code predictor's q, k, v and gate, up
+    as separate MatMuls."""
+    import tempfile
+
+    base = _session_base(args)
+    with tempfile.TemporaryDirectory(prefix="graphs-") as scratch:
+        variants = {"this converter (default)": (dict(base, threads=args.threads), {})}
+        for name, folder in graph_variants(Path(base["model_dir"]), Path(scratch)).items():
+            variants[name] = (dict(base, model_dir=str(folder), threads=args.threads), {})
+        return _compare(args, variants)
 
 
 def _session_base(args) -> dict:
@@ -278,7 +322,7 @@ STRESS_ARGS = {key: args for key, args, _ in LOADS if args}  # --load: stress-ng
 
 EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
                "codec-batch": codec_batch, "presets": presets, "malloc": malloc, "omp-spin": omp_spin,
-               "omp-policy": omp_policy}
+               "omp-policy": omp_policy, "graphs": graphs}
 
 
 def main(argv=None) -> int:

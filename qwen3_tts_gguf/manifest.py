@@ -76,6 +76,12 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def file_entries(folder: Path) -> dict[str, FileEntry]:
+    """Size and SHA-256 of every file in `folder` (the manifest's `files`)."""
+    return {p.name: FileEntry(bytes=p.stat().st_size, sha256=sha256_file(p))
+            for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+
+
 def load_manifest(folder: str | Path, verify_hashes: bool = False) -> Manifest:
     """Read and check a model folder's manifest; raises ModelFolderError with the reason."""
     folder = Path(folder)

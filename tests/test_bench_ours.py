@@ -26,3 +26,30 @@ def test_a_session_serving_two_models_runs_and_closes_both(tiny_cv_f32):
     finally:
         session.summary()
     assert _engine_threads() == before
+
+
+def test_the_graph_variants_load_and_differ_where_they_say(tiny_cv_f32, tmp_path):
+    """bench.experiments graphs: each variant folder passes the manifest's checks and holds the graph it names."""
+    import onnx
+
+    from bench.experiments import GRAPH_VARIANTS, graph_variants
+    from qwen3_tts_gguf.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
+    from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, load_manifest
+
+    def ops(path, op: str) -> int:
+        return sum(n.op_type == op for n in onnx.load(str(path), load_external_data=False).graph.node)
+
+    folders = graph_variants(tiny_cv_f32, tmp_path)
+    assert list(folders) == list(GRAPH_VARIANTS)
+    sin, separate, both = folders.values()
+    for folder in folders.values():
+        load_manifest(folder, verify_hashes=True)
+    assert ops(sin / CODEC_FILE, "Sin") == ops(both / CODEC_FILE, "Sin") > ops(tiny_cv_f32 / CODEC_FILE, "Sin")
+    assert ops(separate / CODEC_FILE, "Sin") == ops(tiny_cv_f32 / CODEC_FILE, "Sin")
+    ckpt = Checkpoint.open(load_manifest(tiny_cv_f32).source["path"])
+    fused = quantize_code_predictor(build_code_predictor(ckpt), "int8")
+    layers, steps = ckpt.config.code_predictor.num_layers, 15
+    separate_nbits = ops(separate / PREDICTOR_FILE, "MatMulNBits")
+    assert separate_nbits == ops(both / PREDICTOR_FILE, "MatMulNBits")
+    assert separate_nbits - sum(n.op_type == "MatMulNBits" for n in fused.graph.node) == 3 * layers * steps

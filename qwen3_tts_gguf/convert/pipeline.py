@@ -19,7 +19,7 @@ from tqdm import tqdm
 from .. import __version__
 from ..checkpoint import Checkpoint, CheckpointError
 from ..manifest import (CODEC_ENCODER_FILE, CODEC_FILE, MANIFEST, PREDICTOR_FILE, SPEAKER_ENCODER_FILE, TALKER_FILE,
-                        TEXT_TABLES_FILE, FileEntry, Manifest, ModelFolderError, load_manifest, sha256_file)
+                        TEXT_TABLES_FILE, Manifest, ModelFolderError, file_entries, load_manifest)
 from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
 from .onnx_builder import save_model
 from .predictor_graph import build_code_predictor, quantize_code_predictor
@@ -170,10 +170,7 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         manifest.code_predictor["precision"] = cp_precision
         if cp_precision != "fp32":
             manifest.code_predictor["block_size"] = cp_block_size
-        manifest.files = {
-            p.name: FileEntry(bytes=p.stat().st_size, sha256=sha256_file(p))
-            for p in sorted(tmp.iterdir()) if p.is_file()
-        }
+        manifest.files = file_entries(tmp)
         (tmp / MANIFEST).write_text(manifest.to_json())
         bar.update()
         if verify:

@@ -42,8 +42,8 @@ def rope_tables(head_dim: int, theta: float, positions: np.ndarray, dtype=np.flo
 class _Stack:
     """Builds Qwen3 decoder layers whose weights are registered once and shared by every step."""
 
-    def __init__(self, b: GraphBuilder, weights, prefix: str, cfg):
-        self.b, self.w, self.prefix, self.cfg = b, weights, prefix, cfg
+    def __init__(self, b: GraphBuilder, weights, prefix: str, cfg, fuse: bool = True):
+        self.b, self.w, self.prefix, self.cfg, self.fuse = b, weights, prefix, cfg, fuse
         self._names: dict[str, str] = {}
 
     def param(self, name: str, transpose: bool = False) -> str:
@@ -62,6 +62,8 @@ class _Stack:
         quantized once and the thread pool woken once instead of once per weight (one frame at the 0.6B
         shape: 6 % less time, median of 15 alternating rounds, the same int8 codes and embeddings to the
         bit); each output column keeps its own blocks."""
+        if not self.fuse:
+            return [self.matmul(x, n) for n in names]
         if fused not in self._names:
             arrays = [np.asarray(self.w[n]) for n in names]
             self._names[fused] = self.b.weight(fused, np.ascontiguousarray(np.concatenate(arrays).T))
@@ -190,13 +192,15 @@ def build_sampler(vocab: int, float_type=np.float32) -> onnx.ModelProto:
     return b.model({"kind": "sampler", "vocab": vocab})
 
 
-def build_code_predictor(ckpt: Checkpoint, float_type=np.float32, teacher_forced: bool = False) -> onnx.ModelProto:
-    """The code predictor of `ckpt` as one per-frame ONNX graph (opset 17); see the module doc."""
+def build_code_predictor(ckpt: Checkpoint, float_type=np.float32, teacher_forced: bool = False,
+                         fuse: bool = True) -> onnx.ModelProto:
+    """The code predictor of `ckpt` as one per-frame ONNX graph (opset 17); see the module doc.
+    `fuse=False` keeps q, k, v and gate, up as separate MatMuls (the bench's comparison)."""
     cfg, w = ckpt.config, ckpt.weights
     cp, H = cfg.code_predictor, cfg.talker.hidden_size
     vocab = int(w.shape_of("talker.code_predictor.lm_head.0.weight")[0])
     b = GraphBuilder("code_predictor" + ("_teacher_forced" if teacher_forced else ""), float_type)
-    stack = _Stack(b, w, "talker.code_predictor.model", cp)
+    stack = _Stack(b, w, "talker.code_predictor.model", cp, fuse)
 
     hidden = b.input("hidden", "float", ["B", H])
     code0 = b.input("code0", np.int64, ["B"])
