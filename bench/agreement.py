@@ -76,13 +76,17 @@ def measure(folders: dict[str, str], threads: int) -> dict:
             "logits_rel_rms_median": float(np.median([_rel_rms(a, b) for a, b in zip(logits, ref_logits)])),
         }
 
-    # the KV cache's precision, on the headline talker: q8_0 cells against f16 cells
+    # the KV cache's precision, on the headline talker: each quantized cache's cells against f16 cells
+    from qwen3_tts_gguf.talker import KV_CACHE_TYPES
+
     kv_quant = "q8_0" if "q8_0" in talkers else ref_quant
     f16_cells, _ = (ref_logits, None) if kv_quant == ref_quant else _talker_run(talkers[kv_quant], kv_quant, rows, threads)
-    q8_cells, _ = _talker_run(talkers[kv_quant], kv_quant, rows, threads, kv_cache="q8_0")
-    out["kv_cache"] = {"talker": kv_quant, "q8_0": {
-        "code0_agree": float((q8_cells.argmax(-1) == f16_cells.argmax(-1)).mean()),
-        "logits_rel_rms_median": float(np.median([_rel_rms(a, b) for a, b in zip(q8_cells, f16_cells)]))}}
+    out["kv_cache"] = {"talker": kv_quant}
+    for kv in (k for k in KV_CACHE_TYPES if k != "f16"):
+        cells, _ = _talker_run(talkers[kv_quant], kv_quant, rows, threads, kv_cache=kv)
+        out["kv_cache"][kv] = {
+            "code0_agree": float((cells.argmax(-1) == f16_cells.argmax(-1)).mean()),
+            "logits_rel_rms_median": float(np.median([_rel_rms(a, b) for a, b in zip(cells, f16_cells)]))}
 
     if "fp32" in predictors:
         n = len(ref_hidden)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE, peak_rss_mb, rss_file_mb, rss_mb
 
-KV_CACHES = ("q8_0", "f16")
+KV_CACHES = ("q8_0", "f16", "q4_0")
 STREAMS = 8
 
 

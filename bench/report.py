@@ -736,10 +736,10 @@ def _render_agreement(w, ag: dict) -> None:
     w("|---|---|---|---|---|")
     for quant, a in ag.get("talker", {}).items():
         w(f"| talker {quant} | talker {ref} | {100 * a['code0_agree']:.1f} % | | {100 * a['logits_rel_rms_median']:.2f} % |")
-    kv = ag.get("kv_cache")
-    if kv and "q8_0" in kv:
-        a = kv["q8_0"]
-        w(f"| talker {kv['talker']}, KV cache q8_0 (the default) | the same talker, KV cache f16 | "
+    kv = ag.get("kv_cache") or {}
+    for cache, a in ((k, v) for k, v in kv.items() if k != "talker"):
+        default = " (the default)" if cache == "q8_0" else ""
+        w(f"| talker {kv['talker']}, KV cache {cache}{default} | the same talker, KV cache f16 | "
           f"{100 * a['code0_agree']:.1f} % | | {100 * a['logits_rel_rms_median']:.2f} % |")
     for cp, a in ag.get("code_predictor", {}).items():
         w(f"| code predictor {cp} | code predictor fp32 | {100 * a['first_code_agree']:.1f} % | "

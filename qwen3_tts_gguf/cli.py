@@ -342,7 +342,8 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                    help="talker layers to offload to the GPU, or all (a llama-cpp-python built with Vulkan or "
                         "CUDA: README, GPU backends); refused at start on a build without one (default 0)")
     p.add_argument("--kv-cache", choices=KV_CACHE_TYPES, default="q8_0",
-                   help="talker KV cache precision: q8_0 takes half the memory of f16 (agreement: docs/benchmarks.md); "
+                   help="talker KV cache precision: q8_0 takes half the memory of f16, q4_0 a quarter (agreement: "
+                        "docs/benchmarks.md); "
                         "--deterministic always uses f32 (default %(default)s)")
     p.add_argument("--n-ctx", type=_number(int, 512), default=None, metavar="CELLS",
                    help="talker KV cells shared by all of a model's streams: memory (60 KiB per cell at 0.6B "

@@ -60,17 +60,19 @@ def quiet_llama_logs() -> None:
     llama_cpp.llama_backend_init()
 
 
-KV_CACHE_TYPES = ("f16", "q8_0")
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 """KV cache precisions of the fast profile. q8_0 halves the cache (112 -> 60 KiB per cell for the 0.6B
-talker); its agreement with f16 is in docs/benchmarks.md. The deterministic profile uses f32."""
+talker), q4_0 quarters it (32 KiB) for memory-tight servers; their agreement with f16 is in
+docs/benchmarks.md. The deterministic profile uses f32."""
 # precision -> (llama.cpp's ggml type, bytes per value, flash attention: a quantized V cache needs it;
 # the parity profile keeps it off; f16 leaves llama.cpp's choice)
 _KV_LAYOUT = {"f32": ("GGML_TYPE_F32", 4.0, "LLAMA_FLASH_ATTN_TYPE_DISABLED"),
               "f16": ("GGML_TYPE_F16", 2.0, "LLAMA_FLASH_ATTN_TYPE_AUTO"),
-              "q8_0": ("GGML_TYPE_Q8_0", 34 / 32, "LLAMA_FLASH_ATTN_TYPE_ENABLED")}  # 32 int8 + an f16 scale
+              "q8_0": ("GGML_TYPE_Q8_0", 34 / 32, "LLAMA_FLASH_ATTN_TYPE_ENABLED"),  # 32 int8 + an f16 scale
+              "q4_0": ("GGML_TYPE_Q4_0", 18 / 32, "LLAMA_FLASH_ATTN_TYPE_ENABLED")}  # 32 4-bit + an f16 scale
 
 
-KV_BLOCK = 32  # values per q8_0 block: a quantized cache needs head dimensions that are multiples of it
+KV_BLOCK = 32  # values per q8_0 / q4_0 block: a quantized cache needs head dimensions that are multiples of it
 
 
 def kv_cache_for(asked: str, head_dim: int) -> str:

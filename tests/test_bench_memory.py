@@ -81,5 +81,7 @@ def test_the_agreement_table_shows_the_kv_cache_row():
     out: list[str] = []
     _render_agreement(out.append, {"reference_quant": "f16", "steps": 49, "talker": {}, "code_predictor": {},
                                    "kv_cache": {"talker": "q8_0", "q8_0": {"code0_agree": 0.98,
-                                                                           "logits_rel_rms_median": 0.016}}})
+                                                                           "logits_rel_rms_median": 0.016},
+                                                "q4_0": {"code0_agree": 0.94, "logits_rel_rms_median": 0.071}}})
     assert "| talker q8_0, KV cache q8_0 (the default) | the same talker, KV cache f16 | 98.0 % | | 1.60 % |" in out
+    assert "| talker q8_0, KV cache q4_0 | the same talker, KV cache f16 | 94.0 % | | 7.10 % |" in out

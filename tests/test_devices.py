@@ -72,8 +72,9 @@ def test_kv_cache_flags_reach_the_engine_from_synth_and_serve(monkeypatch):
     monkeypatch.setenv("QTTS_KV_CACHE", "f16")
     assert engine_settings_from_args(serve_args(), check_devices=False).kv_cache == "f16"
     assert build_parser().parse_args(["synth", "hello", "--kv-cache", "f16"]).kv_cache == "f16"
+    assert engine_settings_from_args(serve_args("--kv-cache", "q4_0"), check_devices=False).kv_cache == "q4_0"
     with pytest.raises(SystemExit):
-        serve_args("--kv-cache", "q4_0")
+        serve_args("--kv-cache", "q2_k")
     assert engine_settings_from_args(serve_args("--n-ctx", "4096"), check_devices=False).kv_cells == 4096
     assert engine_settings_from_args(serve_args(), check_devices=False).kv_cells == 8192  # 8 streams x 1024
     assert engine_settings_from_args(serve_args("--max-streams", "4"), check_devices=False).kv_cells == 4096
