@@ -32,10 +32,10 @@ def _block(peaks=(2100.0, 2500.0)):
 def test_the_section_names_each_part_and_the_target():
     text = render_memory(_block())
     assert "| **peak, 8 streams** | **2100** | **2500** |" in text
-    assert "476 (8192 cells)" in text and "**not reached** (2100 MiB)" in text
+    assert "476 (8192 cells)" in text and "**not reached** (2100 MiB, KV cache q8_0)" in text
     assert "weights alone take 1140 MiB" in text and "holds 8192 cells" in text
     assert "(clean: the kernel may drop and read them again; shared by processes mapping the same files) | 500 / 610 |" in text
-    assert "**reached** (1400 MiB)" in render_memory(_block((1400.0, 1800.0)))
+    assert "**reached** (1400 MiB, KV cache q8_0)" in render_memory(_block((1400.0, 1800.0)))
     assert "Not measured" in render_memory({"kv": {"q8_0": {"parts": {"error": "x"}, "peak": {}}}})
     doc = splice_section("# B\n\n## Machine limits\n\nx\n", "## Memory", render_memory(_block(), standalone=True))
     assert doc.index("## Memory") < doc.index("## Machine limits") and "--only memory" in doc

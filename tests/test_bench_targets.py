@@ -107,7 +107,7 @@ def test_the_blocks_add_busy_machine_and_memory():
     assert _row(text, "one busy process")[1:3] == ["≤ 1.3×", "1.40× (0.6B)"]
     assert _row(text, "one busy process")[3].startswith("**not reached**")
     assert _row(text, "two busy processes")[1:] == ["≤ official's (3.70×)", "1.33× (0.6B)", "**reached**"]
-    assert re.search(r"\| peak RSS.* \| ≤ 1536 \| 2,212 \(`m`\) \| \*\*not reached\*\*", text)
+    assert re.search(r"\| peak RSS.* \| ≤ 1536 \| 2,212 \(`m`, KV cache q8_0\) \| \*\*not reached\*\*", text)
 
 
 def test_the_full_report_opens_with_the_targets():
