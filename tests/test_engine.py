@@ -163,11 +163,14 @@ def test_bad_requests(engines):
 
 
 def test_text_arriving_in_pieces_gives_the_codes_of_the_whole_text(engines):
-    """Streaming text mode: deltas of 1-3 characters (with pauses) equal the text sent at once."""
+    """Streaming text mode: deltas of 1-3 characters (with pauses) equal the text sent at once. More
+    frames than text tokens: the live stream then waits for the rest of its text and ends after
+    close_text, so it has counted every token (with fewer, it could end while the last one was pending)."""
     engine = engines("tiny_cv")
     text = "OpenAI and McDonald's use JavaScript, on 2026-11-30 at https://x.org today. 你好，欢迎！"
-    whole = run(engine, greedy_request(text, "ryan", "english", text_mode="streaming", frames=30))[0]
-    stream = engine.open_text_stream(greedy_request("", "ryan", "english", frames=30))
+    whole = run(engine, greedy_request(text, "ryan", "english", text_mode="streaming", frames=48))[0]
+    assert whole.text_tokens < 48
+    stream = engine.open_text_stream(greedy_request("", "ryan", "english", frames=48))
     rng = np.random.default_rng(0)
     i = 0
     while i < len(text):
