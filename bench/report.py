@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from qwen3_tts_gguf.convert.presets import PRESETS
 from qwen3_tts_gguf.cpus import SPIN_COUNT
+from qwen3_tts_gguf.model import KV_CELLS_PER_STREAM
 
 from .busy import LOADS as BUSY_LOADS
 from .common import FRAME_RATE, TEXT, median
@@ -383,9 +384,7 @@ def render_targets(res: dict) -> str:
         extra.append(f"| two busy processes (`stress-ng --cpu 2`): slowdown | ≤ official's ({_f(f2, 2)}×) | "
                      f"{_f(o2, 2)}× ({label0}) | {_verdict(o2, f2) if f2 is not None else 'not measured'} |")
     if mem:
-        peaks = {k: v["peak"]["peak_mb"] for k, v in mem.get("kv", {}).items() if _ok(v.get("peak"))}
-        kv = min(peaks, key=peaks.get) if peaks else None
-        peak = peaks.get(kv)
+        kv, peak = _lowest_peak({k: v for k, v in mem.get("kv", {}).items() if _ok(v.get("peak"))})
         extra.append(f"| peak RSS, one model serving 8 streams, MiB | ≤ {MEMORY_TARGET_MB} | {_f(peak, 0)} "
                      f"(`{mem.get('model', '?')}`, KV cache {kv}) | {_verdict(peak, MEMORY_TARGET_MB)} "
                      "(*Memory* says where it goes) |")
@@ -935,6 +934,14 @@ MEMORY_PARTS = {"runtimes": "Python, numpy, ONNX Runtime, llama.cpp loaded", "to
                 "codec": "codec decoder graph"}
 
 
+def _lowest_peak(kvs: dict) -> tuple[str | None, float | None]:
+    """The KV cache whose 8-stream peak RSS (MiB) is the lowest among the memory block's `kvs`, and that peak."""
+    if not kvs:
+        return None, None
+    kv = min(kvs, key=lambda k: kvs[k]["peak"]["peak_mb"])
+    return kv, kvs[kv]["peak"]["peak_mb"]
+
+
 def render_memory(mem: dict, standalone: bool = False) -> str:
     """The "Memory" section (also spliced alone into an existing report by `--only memory`)."""
     out: list[str] = []
@@ -967,8 +974,7 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
     files = kvs[names[0]]["parts"].get("files_mb", {})
     w("")
     w("Files on disk: " + ", ".join(f"{n} {mb:.0f}" for n, mb in sorted(files.items())) + " MiB.\n")
-    best_kv = min(names, key=lambda k: kvs[k]["peak"]["peak_mb"])
-    best = kvs[best_kv]["peak"]["peak_mb"]
+    best_kv, best = _lowest_peak(kvs)
     weights = sum(mb for n, mb in files.items() if not n.startswith("text_tables"))
     verdict = "reached" if best <= MEMORY_TARGET_MB else "not reached"
     w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{verdict}** ({best:.0f} MiB, KV cache {best_kv}). "
@@ -978,7 +984,8 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
          "packing: without it one frame took 30x longer), its embedding tables stay in the mapped file and come "
          "in as frames read them, the codec reads its fp32 weights at every call (and holds about 20 MiB of "
          "activations per frame in a call: `codec.MAX_CALL_FRAMES` bounds a call), and the KV cache holds "
-         f"{kvs[names[0]]['parts']['n_ctx']} cells for all streams (1024 per stream unless `--n-ctx` says).") + "\n")
+         f"{kvs[names[0]]['parts']['n_ctx']} cells for all streams ({KV_CELLS_PER_STREAM} per stream unless "
+         "`--n-ctx` says).") + "\n")
     _render_other_shapes(w, mem.get("shapes") or {})
     return "\n".join(out) + "\n"
 

@@ -67,7 +67,7 @@ class _Stack:
         if fused not in self._names:
             arrays = [np.asarray(self.w[n]) for n in names]
             self._names[fused] = self.b.weight(fused, np.ascontiguousarray(np.concatenate(arrays).T))
-        sizes = [int(np.asarray(self.w[n]).shape[0]) for n in names]
+        sizes = [int(self.w.shape_of(n)[0]) for n in names]
         return self.b.op("Split", self.b.op("MatMul", x, self._names[fused]), self.b.const(sizes), axis=-1,
                          outputs=len(names))
 
