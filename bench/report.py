@@ -982,8 +982,8 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
          f"The three graphs' weights alone take {weights:.0f} MiB (talker q8_0, code predictor int8, codec fp32); "
          "the code predictor's resident share is ONNX Runtime's packed copy of its weights (its kernels need the "
          "packing: without it one frame took 30x longer), its embedding tables stay in the mapped file and come "
-         "in as frames read them, the codec reads its fp32 weights at every call (and holds about 20 MiB of "
-         "activations per frame in a call: `codec.MAX_CALL_FRAMES` bounds a call), and the KV cache holds "
+         "in as frames read them, the codec reads its fp32 weights at every call (and holds activations that "
+         "grow with the frames of a call: `codec.MAX_CALL_FRAMES` bounds a call), and the KV cache holds "
          f"{kvs[names[0]]['parts']['n_ctx']} cells for all streams ({KV_CELLS_PER_STREAM} per stream unless "
          "`--n-ctx` says).") + "\n")
     _render_other_shapes(w, mem.get("shapes") or {})
