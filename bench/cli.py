@@ -490,7 +490,7 @@ def _codec(progress, threads: int, quiet_s: float) -> dict:
 
 
 MEMORY_FRAMES = 24  # frames per stream of the memory block's eight streams
-OVERLAP_FRAMES, OVERLAP_ROUNDS = 32, 5
+OVERLAP_FRAMES, OVERLAP_ROUNDS = MODES["full"]["frames"], 5  # utterances as long as the one-stream table's
 CODEC_ROUNDS = 5
 ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory", "overlap": "## Codec overlap",
                "codec": "## Codec precision"}

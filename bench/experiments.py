@@ -54,15 +54,27 @@ def engine_knobs(args) -> dict:
     })
 
 
+OVERLAP_VARIANTS = {
+    "codec inline (one thread of work)": {"codec_overlap": False},
+    "codec overlapped, one call at a time on every core (the default before 2026-12-01)": {"codec_overlap": True,
+                                                                                          "codec_threads": -1},
+    "codec overlapped, calls of 1 thread in parallel lanes, a stream's step on one core fewer (default)":
+        {"codec_overlap": True},
+}
+"""`codec_threads` -1 stands for the run's thread count (`overlap_settings`)."""
+
+
+def overlap_settings(variant: dict, threads: int) -> dict:
+    """A variant's engine settings for a run on `threads` threads."""
+    return {k: (threads if k == "codec_threads" and v == -1 else v) for k, v in variant.items()}
+
+
 def codec_overlap(args) -> dict:
-    """The codec on the engine thread against the codec on its own thread (1 ONNX Runtime thread, or
-    as many as the talker's)."""
+    """The codec on the engine thread against the codec on threads of its own (cpus.stage_threads):
+    one call at a time on every core, or calls of one thread in lanes side by side."""
     base = dict(_session_base(args), threads=args.threads)
-    return _compare(args, {
-        "codec inline (one thread of work)": (dict(base, engine={"codec_overlap": False}), {}),
-        "codec overlapped, 1 codec thread": (dict(base, engine={"codec_overlap": True, "codec_threads": 1}), {}),
-        "codec overlapped, as many codec threads (default)": (dict(base, engine={"codec_overlap": True}), {}),
-    })
+    return _compare(args, {name: (dict(base, engine=overlap_settings(v, args.threads)), {})
+                           for name, v in OVERLAP_VARIANTS.items()})
 
 
 def presets(args) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -91,6 +92,39 @@ def usable_cpus() -> int:
 def default_threads(threads: int | None = 0) -> int:
     """`threads` when set (> 0), else `usable_cpus()`: the default of every runtime's thread count."""
     return threads if threads and threads > 0 else usable_cpus()
+
+
+@dataclass(frozen=True)
+class StageThreads:
+    """Threads of each stage of the engine (`stage_threads`)."""
+
+    talker_step: int  # llama.cpp threads for a decode of one row (one stream's step)
+    talker_batch: int  # llama.cpp threads for a decode of several rows (prefills, several streams' steps)
+    predictor: int  # the code predictor's ONNX Runtime threads
+    codec: int  # ONNX Runtime threads of one codec call
+    codec_lanes: int  # codec calls that may run at once (different streams), when the codec overlaps
+
+
+def stage_threads(threads: int | None = 0, *, codec_overlap: bool = False, codec_threads: int = 0) -> StageThreads:
+    """Each stage's threads for an engine on `threads` cores (0: `usable_cpus()`).
+
+    Inline, every stage uses every core, one after the other. Overlapped (the codec on threads of its
+    own beside the talker and the code predictor), each codec call runs on one thread (or
+    `codec_threads`), in as many lanes as the cores hold, so several streams' calls run side by side;
+    and one stream's talker steps leave a core to the codec, since a step reads its weights from memory
+    and gains little from a second thread while the codec computes on it. Prefills and several
+    streams' steps keep every core. `codec_threads` = `threads` is the overlap as it was before: one
+    call at a time on every core, every stage on every core. 0.6B, 2 cores, against that (one-off
+    scripts, 2026-12-01, medians of 3 alternating rounds): one stream of 50 frames RTF 1.60 -> 1.35,
+    of 160 frames 1.50 -> 1.29; eight streams 0.93 -> 0.89. The price: a stream's first chunk, decoded
+    at once on the engine thread, has one codec thread (about 20 ms more first audio), and a short
+    utterance ends on one thread (32 frames: 1.51 -> 1.58 in the bench's 12:19 overlap block).
+    docs/benchmarks.md, *Codec overlap*, measures the three ways in each run."""
+    n = default_threads(threads)
+    if not codec_overlap or n < 2:
+        return StageThreads(n, n, n, codec_threads or n, 1)
+    per_call = min(codec_threads or 1, n)
+    return StageThreads(n - 1 if per_call < n else n, n, n, per_call, n // per_call)
 
 
 WAIT_POLICY = "ACTIVE"

@@ -6,7 +6,7 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cpus import default_threads
+from .cpus import StageThreads, default_threads, stage_threads
 from .manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFolderError, load_manifest
 from .manifest import TEXT_TABLES_FILE as TEXT_TABLES
 from .prompt import PromptBuilder
@@ -41,7 +41,7 @@ class EngineSettings:
     gpu_layers: int = 0  # llama.cpp talker layers to offload (Vulkan/CUDA builds); -1: all (devices.GPU_LAYERS_ALL)
     chunk_frames: tuple[int, ...] = (1, 2, 4, 8)  # first audio after 1 frame, then growing chunks
     codec_overlap: bool = True  # the codec on its own thread beside talker and predictor (2+ threads; not deterministic)
-    codec_threads: int = 0  # the codec's ONNX Runtime threads; 0: as many as `threads` (measured best overlapped too)
+    codec_threads: int = 0  # ONNX Runtime threads per codec call; 0: 1 overlapped (in parallel lanes), else `threads`
     adaptive_chunks: bool = True  # a chunk goes out early when a player would run dry (chunking.py; not deterministic)
     budget_base_frames: int = 75  # runaway protection: a stream never exceeds
     budget_frames_per_token: int = 12  #   base + per_token * text tokens frames
@@ -51,6 +51,16 @@ class EngineSettings:
     max_segment_chars: int = 1000  # longer input is split at sentence ends (decoder state carries over)
     prefix_cache: int = 4  # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic)
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
+
+    @property
+    def overlaps_codec(self) -> bool:
+        """Whether the codec runs on threads of its own (asked, fast profile, at least 2 threads)."""
+        return self.codec_overlap and not self.deterministic and default_threads(self.threads) >= 2
+
+    @property
+    def stage_threads(self) -> StageThreads:
+        """Each stage's threads (cpus.stage_threads)."""
+        return stage_threads(self.threads, codec_overlap=self.overlaps_codec, codec_threads=self.codec_threads)
 
     @property
     def kv_cells(self) -> int:
@@ -63,9 +73,10 @@ def talker_settings(settings: EngineSettings, quant: str):
     talker of quant `quant`."""
     from .talker import TalkerSettings, repack_pays
 
+    threads = settings.stage_threads
     return TalkerSettings(
         n_ctx=settings.kv_cells, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
-        threads=default_threads(settings.threads), kv_cache=settings.kv_cache,
+        threads=threads.talker_step, batch_threads=threads.talker_batch, kv_cache=settings.kv_cache,
         gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
         repack=repack_pays(quant, deterministic=settings.deterministic, gpu_layers=settings.gpu_layers))
 
@@ -81,7 +92,6 @@ class LoadedModel:
 
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
-        threads = default_threads(settings.threads)
         try:
             self.tokenizer = TextTokenizer(self.folder, self.manifest.tokenizer["pretokenizer"])
             self.tables = EmbeddingTables(self.folder / TEXT_TABLES)
@@ -89,11 +99,11 @@ class LoadedModel:
             raise ModelFolderError(f"{self.folder}: cannot read the tokenizer or text tables ({e})") from e
         self.prompts = PromptBuilder(self.manifest, self.tokenizer, self.tables)
         self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant))
-        self.codec_overlap = settings.codec_overlap and not settings.deterministic and threads >= 2
-        codec_threads = settings.codec_threads or threads
+        self.codec_overlap = settings.overlaps_codec
+        threads = settings.stage_threads
         try:
-            self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads, device=settings.device)
-            self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=codec_threads, device=settings.device)
+            self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads.predictor, device=settings.device)
+            self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device)
         except Exception as e:  # onnxruntime raises its own exception types for corrupt graphs
             self.talker.close()
             raise ModelFolderError(f"{self.folder}: cannot load the ONNX graphs ({e})") from e

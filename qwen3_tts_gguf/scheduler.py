@@ -7,9 +7,10 @@ Each iteration (continuous batching; one stream is the special case):
   4. each stream's codec state decodes its pending frames once a chunk is due (`chunking.py`: the
      1, 2, 4, 8, 8, ... ramp, or sooner when a player would run dry), before the talker step, so a
      chunk's latency does not include it. In the fast profile on two or more threads the codec runs
-     on a thread of its own (`LoadedModel.codec_overlap`) while the talker and code predictor make
-     the next frames: one call in flight per stream, in order; frames due meanwhile join the next call;
-     a stream's result follows its last chunk through the same thread;
+     on threads of its own (`LoadedModel.codec_overlap`) while the talker and code predictor make
+     the next frames: one call in flight per stream, in order, each stream on one lane (a thread)
+     and several streams' calls side by side in the lanes (`cpus.stage_threads`); frames due
+     meanwhile join the next call; a stream's result follows its last chunk through its lane;
   5. one multi-sequence talker decode: new prompts and every stream's next row.
 A stream steps only when it can: a live-text stream whose next text row has not arrived, or one
 whose reader is more than `max_buffered_audio_s` behind, keeps its state and waits.
@@ -60,7 +61,7 @@ HEAD_BYPASS_LIMIT = 4
 admits nothing else until it fits (small requests never wait behind a large one for long, and a
 large one is never starved)."""
 MAX_PENDING_FRAMES = 16
-"""A stream with this many frames waiting for the codec (its call on the codec thread still running)
+"""A stream with this many frames waiting for the codec (its call in a codec lane still running)
 makes no more until they are decoded: one codec call never grows past it."""
 MIN_SEGMENT_CHARS = 16
 """A segment is split no further than this to make it fit the context."""
@@ -122,7 +123,8 @@ class _Active:
     chunks: ChunkPlan | None = None
     decoded_frames: int = 0
     codec_state: CodecState | None = None
-    codec_busy: bool = False  # a codec call of this stream is queued or running on the codec thread
+    codec_busy: bool = False  # a codec call of this stream is queued or running in its codec lane
+    codec_lane: int | None = None  # the codec lane that decodes this stream (overlapped), once it has one
     codec_fault: BaseException | None = None  # that call failed: the engine ends the stream
     new_prefix: tuple[str, int] | None = None  # (key, rows) to cache after this stream's prefill
     timings: dict = field(default_factory=lambda: {"talker_s": 0.0, "predictor_s": 0.0, "codec_s": 0.0})
@@ -162,7 +164,8 @@ class Engine:
         self._forget_prefixes = False
         self._warm_tried: set[int] = set()  # ids of live streams waiting for text whose prefix was tried
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
-        self._codec_pool: ThreadPoolExecutor | None = None  # the overlapped codec: one thread, jobs in order
+        self._codec_lanes: list[ThreadPoolExecutor] = []  # the overlapped codec: one thread each, jobs in order
+        self._stats_lock = threading.Lock()  # the codec lanes count errors too
         self._primed_lock = threading.Lock()
         self.clock = time.monotonic
         """The chunk plans' clock (a test may drive it)."""
@@ -174,8 +177,9 @@ class Engine:
             self._stopping = False
             self._failure = None
             self._prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-prompts")
-            if self.model.codec_overlap and self._codec_pool is None:
-                self._codec_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-codec")
+            if self.model.codec_overlap and not self._codec_lanes:
+                self._codec_lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"qwen3-tts-codec-{i}")
+                                     for i in range(self.model.settings.stage_threads.codec_lanes)]
             self._thread = threading.Thread(target=self._worker, name="qwen3-tts-engine", daemon=True)
             self.heartbeat = time.monotonic()
             self._thread.start()
@@ -191,9 +195,9 @@ class Engine:
         if self._prompt_pool is not None:
             self._prompt_pool.shutdown(wait=False, cancel_futures=True)
             self._prompt_pool = None
-        if self._codec_pool is not None:  # the streams' last chunks and results are in it: deliver them
-            self._codec_pool.shutdown(wait=self._dead is None)  # (unless a call there is stuck)
-            self._codec_pool = None
+        for lane in self._codec_lanes:  # the streams' last chunks and results are in them: deliver them
+            lane.shutdown(wait=self._dead is None)  # (unless a call there is stuck)
+        self._codec_lanes = []
 
     def restart(self) -> None:
         """Start a new worker after the old one died (its streams were failed when it died)."""
@@ -389,7 +393,7 @@ class Engine:
 
     # -- worker -------------------------------------------------------------------------
     def _can_step(self, act: _Active) -> bool:
-        if act.logits is None or len(act.pending) >= MAX_PENDING_FRAMES:  # (the codec thread is behind)
+        if act.logits is None or len(act.pending) >= MAX_PENDING_FRAMES:  # (its codec lane is behind)
             return False
         if act.stream.backlogged():
             if not act.stream.paused:
@@ -632,8 +636,12 @@ class Engine:
                   exc_info=(type(error), error, error.__traceback__))
         return _StreamFault(stage)
 
+    def _count_error(self) -> None:
+        with self._stats_lock:
+            self.stats["errors"] += 1
+
     def _fail(self, act: _Active, fault: _StreamFault) -> None:
-        self.stats["errors"] += 1
+        self._count_error()
         self._finish(act, "error", error=f"the {fault.stage} failed for this stream", flush=False)
 
     def _sample(self, act: _Active, eos: int) -> tuple[int, np.ndarray] | None:
@@ -768,7 +776,7 @@ class Engine:
                 items.append(DecodeItem(act.seq, act.pos, (frame_embedding + rows[id(act)])[None]))
                 owners.append(act)
         # 4. audio that is due, before the talker step: a chunk's latency need not include it (also of
-        # streams that did not step: a player may be running dry, or the codec thread was busy)
+        # streams that did not step: a player may be running dry, or their codec lane was busy)
         for act in list(self._active.values()):
             if act.pending and not act.stream.cancelled and act.chunks.due(len(act.pending), self.clock()):
                 self._emit(act)
@@ -805,10 +813,10 @@ class Engine:
         return state
 
     def _emit(self, act: _Active) -> None:
-        """The stream's pending frames to the codec: here, or queued on the codec thread (unless a call
+        """The stream's pending frames to the codec: here, or queued in its codec lane (unless a call
         of this stream is still there: then they wait and join the next one). A stream's first chunk
         is decoded here, with the cores to itself: overlapped, it came 0.03-0.13 s later."""
-        if self._codec_pool is None or act.chunks.start is None:  # the first chunk: at once, for first audio
+        if not self._codec_lanes or act.chunks.start is None:  # the first chunk: at once, for first audio
             frames, act.pending = act.pending, []
             try:
                 self._emit_audio(act, frames)
@@ -819,10 +827,21 @@ class Engine:
             return
         frames, act.pending = act.pending, []
         act.codec_busy = True
-        self._codec_pool.submit(self._codec_job, act, frames)
+        self._lane(act).submit(self._codec_job, act, frames)
+
+    def _lane(self, act: _Active) -> ThreadPoolExecutor:
+        """The stream's codec lane: given at its first call, the lane with the fewest running streams;
+        all its calls and its result go through that one, so they stay in order."""
+        if act.codec_lane is None:
+            load = [0] * len(self._codec_lanes)
+            for other in self._active.values():
+                if other.codec_lane is not None:
+                    load[other.codec_lane] += 1
+            act.codec_lane = load.index(min(load))
+        return self._codec_lanes[act.codec_lane]
 
     def _codec_job(self, act: _Active, frames: list) -> None:
-        """On the codec thread: one call; a failure is left for the engine, which ends the stream."""
+        """In the stream's codec lane: one call; a failure is left for the engine, which ends the stream."""
         try:
             if act.codec_fault is None and not act.stream.cancelled:
                 self._emit_audio(act, frames)
@@ -854,7 +873,7 @@ class Engine:
     def _finish(self, act: _Active, reason: str, error: str | None = None, flush: bool = True,
                 retryable: bool = False) -> None:
         """End a stream: its cells and slot freed here; its last audio (when `flush`) and result after
-        every chunk before them (on the codec thread when it overlaps)."""
+        every chunk before them (in its codec lane when the codec overlaps)."""
         self.model.talker.drop(act.seq)
         if self._active.get(act.seq) is act:
             self._active.pop(act.seq)
@@ -866,8 +885,8 @@ class Engine:
         if reason == "cancelled":
             self.stats["cancelled"] += 1
         frames, act.pending = (act.pending if flush else []), []
-        if self._codec_pool is not None:
-            self._codec_pool.submit(self._conclude, act, reason, error, frames, retryable)
+        if self._codec_lanes:
+            self._lane(act).submit(self._conclude, act, reason, error, frames, retryable)
         else:
             self._conclude(act, reason, error, frames, retryable)
 
@@ -882,7 +901,7 @@ class Engine:
         if fault is not None:
             self._fault("codec", fault, act)
             reason, error = "error", "the codec failed for this stream"
-            self.stats["errors"] += 1
+            self._count_error()
         stream = act.stream
         timings = dict(act.timings)
         if stream.first_audio_at is not None:

@@ -101,7 +101,8 @@ class TalkerSettings:
     max_streams: int = 8
     cached_prefixes: int = 0  # extra sequences that hold cached prompt prefixes (shared KV cache only)
     n_batch: int = 512
-    threads: int = 0  # 0: all cores
+    threads: int = 0  # 0: all cores; a decode of one row
+    batch_threads: int = 0  # a decode of several rows (prefills, several streams); 0: as `threads`
     gpu_layers: int = 0  # >0 offloads layers on a CUDA/Vulkan build of llama-cpp-python; -1: all (devices.py)
     deterministic: bool = False
     repack: bool = False  # llama.cpp's extra buffer types (weight repacking); see `repack_pays`
@@ -156,8 +157,8 @@ class Talker:
         # one pool of cells for all streams (needed for sequence copies), except in the deterministic
         # profile, where each stream gets n_ctx / max_streams cells of its own
         cp.kv_unified = not settings.deterministic
-        threads = default_threads(settings.threads)
-        cp.n_threads = cp.n_threads_batch = threads
+        cp.n_threads = default_threads(settings.threads)
+        cp.n_threads_batch = default_threads(settings.batch_threads or settings.threads)
         cp.embeddings = True
         # no GPU layers asked: the talker stays on the CPU even on a GPU build (llama.cpp would otherwise
         # move large batches' matmuls to the GPU by itself)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench import cli, memory
+from bench.experiments import OVERLAP_VARIANTS, overlap_settings
 from bench.report import MEMORY_PARTS, render_memory, splice_section
 
 
@@ -65,13 +66,20 @@ def test_the_overlap_section_compares_the_default_with_inline():
 
     run = lambda rtf: {"rtf": rtf}  # noqa: E731
     block = {"date": "d", "commit": "c", "threads": 2, "frames": 32, "rounds": 2, "markdown": "| table |",
-             "runs": {"codec inline (one thread of work)": [run(3.0), run(3.2)],
-                      "codec overlapped, as many codec threads (default)": [run(2.7), run(2.7)]},
-             "concurrency": {"codec inline (one thread of work)": {"aggregate_rtf": 1.8},
-                             "codec overlapped, as many codec threads (default)": {"aggregate_rtf": 1.5}}}
+             "runs": {name: [run(a), run(b)] for name, (a, b) in zip(OVERLAP_VARIANTS, ((3.0, 3.2), (2.9, 2.9), (2.7, 2.7)))},
+             "concurrency": {name: {"aggregate_rtf": r} for name, r in zip(OVERLAP_VARIANTS, (1.8, 1.6, 1.5))}}
     text = render_overlap(block, standalone=True)
     assert "## Codec overlap" in text and "| table |" in text and "--only overlap" in text
-    assert "RTF 3.10 → 2.70 (-13 %)" in text and "aggregate RTF 1.80 → 1.50 (-17 %)" in text
+    assert "against inline: one stream's RTF 3.10 → 2.70 (-13 %); eight streams' aggregate RTF 1.80 → 1.50 (-17 %)" in text
+    assert "against the default before: one stream's RTF 2.90 → 2.70 (-7 %); eight streams' aggregate RTF 1.60 → 1.50 (-6 %)" in text
+
+
+def test_the_overlap_variants_name_their_settings():
+    """The old default is every core per codec call, whatever the run's threads; the default asks nothing."""
+    names = list(OVERLAP_VARIANTS)
+    assert overlap_settings(OVERLAP_VARIANTS[names[1]], 4) == {"codec_overlap": True, "codec_threads": 4}
+    assert overlap_settings(OVERLAP_VARIANTS[names[2]], 4) == {"codec_overlap": True}
+    assert "(default)" in names[2] and "inline" in names[0]
     assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
 
 
