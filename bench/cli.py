@@ -3,7 +3,7 @@
 `python -m bench --only busy`: only the busy-machine block (0.6B headline configuration under
 stress-ng loads, ours and official side by side), merged into the latest saved full results.
 `python -m bench --only memory`: only the memory block (RSS per part and at 8 streams, per KV cache; 1.7B too).
-`python -m bench --only overlap`: only the codec-overlap block (codec inline vs on its own thread).
+`python -m bench --only overlap`: only the codec-overlap block (codec inline vs overlapped, both ways).
 `python -m bench --only codec`: only the codec-precision block (fp16, int8, the Snake with `Sin`: speed and SNR).
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
                         "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
                         "min), then the 1.7B model with the default KV cache (unless --shapes 0.6b; its first run "
-                        "converts it); overlap, the codec inline against on its own thread (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
+                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -469,7 +469,7 @@ def _memory(progress, threads: int, shapes: list[str]) -> dict:
 
 
 def _overlap(threads: int, quiet_s: float) -> dict:
-    """The codec-overlap block: codec inline against on its own thread (bench.experiments.codec_overlap)."""
+    """The codec-overlap block: codec inline against overlapped, both ways (bench.experiments.codec_overlap)."""
     from . import experiments, machine
 
     origin = machine.block_origin()

@@ -1,7 +1,7 @@
 """Prototypes of engine changes, measured on the benchmark models (not part of `python -m bench`).
 
     python -m bench.experiments engine-knobs [--rounds 6]   # llama.cpp repack, OMP wait, threads
-    python -m bench.experiments codec-overlap [--rounds 6]  # codec inline vs on its own thread
+    python -m bench.experiments codec-overlap [--rounds 6]  # codec inline vs overlapped, both ways
     python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
     python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
@@ -56,25 +56,17 @@ def engine_knobs(args) -> dict:
 
 OVERLAP_VARIANTS = {
     "codec inline (one thread of work)": {"codec_overlap": False},
-    "codec overlapped, one call at a time on every core (the default before 2026-12-01)": {"codec_overlap": True,
-                                                                                          "codec_threads": -1},
-    "codec overlapped, calls of 1 thread in parallel lanes, a stream's step on one core fewer (default)":
-        {"codec_overlap": True},
+    "codec overlapped, one call at a time on every core (default)": {"codec_overlap": True},
+    "codec overlapped, calls of 1 thread in parallel lanes, a stream's step on one core fewer (`--codec-threads 1`)":
+        {"codec_overlap": True, "codec_threads": 1},
 }
-"""`codec_threads` -1 stands for the run's thread count (`overlap_settings`)."""
-
-
-def overlap_settings(variant: dict, threads: int) -> dict:
-    """A variant's engine settings for a run on `threads` threads."""
-    return {k: (threads if k == "codec_threads" and v == -1 else v) for k, v in variant.items()}
 
 
 def codec_overlap(args) -> dict:
     """The codec on the engine thread against the codec on threads of its own (cpus.stage_threads):
     one call at a time on every core, or calls of one thread in lanes side by side."""
     base = dict(_session_base(args), threads=args.threads)
-    return _compare(args, {name: (dict(base, engine=overlap_settings(v, args.threads)), {})
-                           for name, v in OVERLAP_VARIANTS.items()})
+    return _compare(args, {name: (dict(base, engine=v), {}) for name, v in OVERLAP_VARIANTS.items()})
 
 
 def presets(args) -> dict:

@@ -241,7 +241,7 @@ def render(res: dict) -> str:
       "python -m bench              # every quant, thread sweep, 0.6B and 1.7B, busy machine, memory, overlap, codec\n"
       "python -m bench --only busy  # ~15 min: only the busy-machine block, merged into the last full results\n"
       "python -m bench --only memory    # ~4 min: RSS per part and at 8 streams, per KV-cache precision; 1.7B\n"
-      "python -m bench --only overlap   # ~5 min: the codec inline against on its own thread\n"
+      "python -m bench --only overlap   # ~5 min: the codec inline against overlapped, both ways\n"
       "python -m bench --only codec     # ~3 min: the codec graph in other precisions, speed and SNR\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
@@ -292,8 +292,8 @@ def render_targets(res: dict) -> str:
         floor = sum(b for name, _, b in stages if name != "codec")
         bounds.append(
             f"One stream ({label0}): a frame is {1e3 / FRAME_RATE:.0f} ms of audio; in the engine its talker step took "
-            f"{_f(t)} ms and its code predictor call {_f(c)} ms one after the other, and its codec {_f(k)} ms on its "
-            f"own thread beside them, on the same {res['plan']['threads'][0]} cores. "
+            f"{_f(t)} ms and its code predictor call {_f(c)} ms one after the other, and its codec {_f(k)} ms on a "
+            f"thread of its own beside them, on the same {res['plan']['threads'][0]} cores. "
             + (f"At this run's measured bandwidth the talker and code predictor alone cannot take less than "
                f"{floor:.0f} ms per frame (RTF ≥ {floor * FRAME_RATE / 1e3:.2f}), however well the codec overlaps."
                if floor else ""))
@@ -364,8 +364,8 @@ def render_targets(res: dict) -> str:
                   if alone.get(STAGE_KEYS[name])]
         vnni = any("vnni" in f for f in res["machine"].get("flags", []))
         bounds.append(
-            f"Stages ({label0}): in the engine the three stages share the cores (the codec runs on its own thread "
-            "beside the other two), so each call is slower than alone"
+            f"Stages ({label0}): in the engine the three stages share the cores (the codec runs on threads of its "
+            "own beside the other two), so each call is slower than alone"
             + (f" (alone: {', '.join(ratios)} its bound)" if ratios else "") + "."
             + ("" if vnni else " This CPU has no VNNI instructions: the talker's q8_0 and the code predictor's int8 "
                "kernels multiply 8-bit values in several instructions each, and are bound by that arithmetic rather "
@@ -1024,23 +1024,29 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
       "with the variants alternating, each in its own worker; then eight concurrent streams each.\n")
     w("*Inline*: the engine thread calls the codec between the code predictor and the talker step, so the three "
       "stages add up. *Overlapped*: the codec runs on threads of its own while the talker and code predictor make "
-      "the next frames (a stream's first chunk still goes inline, for first audio): either one call at a time on "
-      "every core, or calls of one thread each in lanes side by side (a lane per core; a stream keeps its lane, so "
-      "its calls stay in order), with one stream's talker steps on one core fewer (`qwen3_tts_gguf/cpus.py`, "
-      "`stage_threads`). The samples are the same every way (the codec carries its state; the tests hold chunked "
+      "the next frames (a stream's first chunk still goes inline, for first audio): by default one call at a time "
+      "on every core; with `--codec-threads 1`, calls of one thread each in lanes side by side (a lane per core; a "
+      "stream keeps its lane, so its calls stay in order), with one stream's talker steps on one core fewer "
+      "(`qwen3_tts_gguf/cpus.py`, `stage_threads`). The samples are the same every way (the codec carries its state; the tests hold chunked "
       "audio to one whole decode).\n")
     w(block.get("markdown", "**Not measured.**"))
     runs, conc = block.get("runs", {}), block.get("concurrency", {})
     default = next((k for k in runs if "(default)" in k), None)
-    for label, other in (("inline", next((k for k in runs if "inline" in k), None)),
-                         ("the default before", next((k for k in runs if "default before" in k), None))):
-        if not (other and default and runs[other] and runs[default]):
+    inline = next((k for k in runs if "inline" in k), None)
+    lanes = next((k for k in runs if "lanes" in k), None)
+    for label, before, after in (("The default (overlapped) against inline", inline, default),
+                                 ("Codec calls of one thread in lanes (`--codec-threads 1`) against the default",
+                                  default, lanes)):
+        if not (before and after and runs[before] and runs[after]):
             continue
-        a, b = median([r["rtf"] for r in runs[other]]), median([r["rtf"] for r in runs[default]])
-        line = f"\nThe default against {label}: one stream's RTF {a:.2f} → {b:.2f} ({100 * (b / a - 1):+.0f} %)"
-        ca, cb = (conc.get(other) or {}).get("aggregate_rtf"), (conc.get(default) or {}).get("aggregate_rtf")
+        a, b = median([r["rtf"] for r in runs[before]]), median([r["rtf"] for r in runs[after]])
+        line = f"\n{label}: one stream's RTF {a:.2f} → {b:.2f} ({100 * (b / a - 1):+.0f} %)"
+        ca, cb = (conc.get(before) or {}).get("aggregate_rtf"), (conc.get(after) or {}).get("aggregate_rtf")
         if ca and cb:
             line += f"; eight streams' aggregate RTF {ca:.2f} → {cb:.2f} ({100 * (cb / ca - 1):+.0f} %)"
+        fa, fb = (median([r["first_audio_s"] for r in runs[x] if r.get("first_audio_s")] or [0]) for x in (before, after))
+        if fa and fb:
+            line += f"; first audio {fa:.2f} → {fb:.2f} s"
         w(line + ".")
     w("")
     return "\n".join(out) + "\n"

@@ -209,7 +209,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     try:
         model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
                                                    gpu_layers=args.gpu_layers, kv_cache=args.kv_cache,
-                                                   n_ctx=args.n_ctx or 0, codec_overlap=not args.no_codec_overlap))
+                                                   n_ctx=args.n_ctx or 0, codec_overlap=not args.no_codec_overlap,
+                                                   codec_threads=args.codec_threads or 0))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -350,8 +351,12 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                         f"with q8_0, 112 with f16) against how many long texts run at once (default "
                         f"{KV_CELLS_PER_STREAM} per stream, --max-streams for serve and one for speak, at least {MIN_KV_CELLS})")
     p.add_argument("--no-codec-overlap", action="store_true",
-                   help="decode audio on the engine thread between steps instead of on its own thread beside the "
-                        "talker and code predictor (the fast profile overlaps them on 2+ threads)")
+                   help="decode audio on the engine thread between steps instead of on a thread of its own beside "
+                        "the talker and code predictor (the fast profile overlaps them on 2+ threads)")
+    p.add_argument("--codec-threads", type=_number(int, 1), default=None, metavar="N",
+                   help="threads of one overlapped codec call (default: --threads): fewer run several streams' "
+                        "calls side by side, in a lane each, and one stream's talker steps on a core fewer: more "
+                        "throughput and a lower real-time factor, later first audio (docs/benchmarks.md, Codec overlap)")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

@@ -108,22 +108,21 @@ class StageThreads:
 def stage_threads(threads: int | None = 0, *, codec_overlap: bool = False, codec_threads: int = 0) -> StageThreads:
     """Each stage's threads for an engine on `threads` cores (0: `usable_cpus()`).
 
-    Inline, every stage uses every core, one after the other. Overlapped (the codec on threads of its
-    own beside the talker and the code predictor), each codec call runs on one thread (or
-    `codec_threads`), in as many lanes as the cores hold, so several streams' calls run side by side;
-    and one stream's talker steps leave a core to the codec, since a step reads its weights from memory
-    and gains little from a second thread while the codec computes on it. Prefills and several
-    streams' steps keep every core. `codec_threads` = `threads` is the overlap as it was before: one
-    call at a time on every core, every stage on every core. 0.6B, 2 cores, against that (one-off
-    scripts, 2026-12-01, medians of 3 alternating rounds): one stream of 50 frames RTF 1.60 -> 1.35,
-    of 160 frames 1.50 -> 1.29; eight streams 0.93 -> 0.89. The price: a stream's first chunk, decoded
-    at once on the engine thread, has one codec thread (about 20 ms more first audio), and a short
-    utterance ends on one thread (32 frames: 1.51 -> 1.58 in the bench's 12:19 overlap block).
-    docs/benchmarks.md, *Codec overlap*, measures the three ways in each run."""
+    Inline, every stage uses every core, one after the other. Overlapped (the codec on a thread of its
+    own beside the talker and the code predictor), by default one codec call at a time on every core.
+    With `codec_threads` below the cores, each codec call runs on that many threads, in as many lanes
+    as the cores hold, so several streams' calls run side by side, and one stream's talker steps leave a
+    core to the codec (a step reads its weights from memory and gains little from a second thread while
+    the codec computes on it); prefills and several streams' steps keep every core.
+    0.6B, 2 cores, `codec_threads` 1 against the default (the full bench of 2026-12-01 13:34, where it
+    was the default): one stream's RTF 1.61 -> 1.48 and eight streams' 0.91 -> 0.84 (*Codec overlap*),
+    but the first chunk, decoded at once on the engine thread, gets one codec thread: its call took
+    76-80 ms instead of 49-51, and one-row prefills (cached voice, live text) run on one thread too,
+    so first audio came 0.04 s later (live text 0.132 -> 0.173 s). Hence opt-in (`--codec-threads 1`)."""
     n = default_threads(threads)
     if not codec_overlap or n < 2:
         return StageThreads(n, n, n, codec_threads or n, 1)
-    per_call = min(codec_threads or 1, n)
+    per_call = min(codec_threads or n, n)
     return StageThreads(n - 1 if per_call < n else n, n, n, per_call, n // per_call)
 
 

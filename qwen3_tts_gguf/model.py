@@ -40,8 +40,8 @@ class EngineSettings:
     device: str = "cpu"  # ONNX Runtime device for code predictor and codec: devices.ONNX_DEVICES (cpu, auto, cuda, ...)
     gpu_layers: int = 0  # llama.cpp talker layers to offload (Vulkan/CUDA builds); -1: all (devices.GPU_LAYERS_ALL)
     chunk_frames: tuple[int, ...] = (1, 2, 4, 8)  # first audio after 1 frame, then growing chunks
-    codec_overlap: bool = True  # the codec on its own thread beside talker and predictor (2+ threads; not deterministic)
-    codec_threads: int = 0  # ONNX Runtime threads per codec call; 0: 1 overlapped (in parallel lanes), else `threads`
+    codec_overlap: bool = True  # the codec on threads of its own beside talker and predictor (2+ threads; not deterministic)
+    codec_threads: int = 0  # ONNX Runtime threads per codec call; 0: `threads`; fewer: calls in parallel lanes (cpus.stage_threads)
     adaptive_chunks: bool = True  # a chunk goes out early when a player would run dry (chunking.py; not deterministic)
     budget_base_frames: int = 75  # runaway protection: a stream never exceeds
     budget_frames_per_token: int = 12  #   base + per_token * text tokens frames

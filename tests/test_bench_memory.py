@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench import cli, memory
-from bench.experiments import OVERLAP_VARIANTS, overlap_settings
+from bench.experiments import OVERLAP_VARIANTS
 from bench.report import MEMORY_PARTS, render_memory, splice_section
 
 
@@ -64,22 +64,23 @@ def test_command_line_runs_the_block_in_full_mode_only():
 def test_the_overlap_section_compares_the_default_with_inline():
     from bench.report import render_overlap
 
-    run = lambda rtf: {"rtf": rtf}  # noqa: E731
+    run = lambda rtf: {"rtf": rtf, "first_audio_s": 0.3}  # noqa: E731
     block = {"date": "d", "commit": "c", "threads": 2, "frames": 32, "rounds": 2, "markdown": "| table |",
              "runs": {name: [run(a), run(b)] for name, (a, b) in zip(OVERLAP_VARIANTS, ((3.0, 3.2), (2.9, 2.9), (2.7, 2.7)))},
              "concurrency": {name: {"aggregate_rtf": r} for name, r in zip(OVERLAP_VARIANTS, (1.8, 1.6, 1.5))}}
     text = render_overlap(block, standalone=True)
     assert "## Codec overlap" in text and "| table |" in text and "--only overlap" in text
-    assert "against inline: one stream's RTF 3.10 → 2.70 (-13 %); eight streams' aggregate RTF 1.80 → 1.50 (-17 %)" in text
-    assert "against the default before: one stream's RTF 2.90 → 2.70 (-7 %); eight streams' aggregate RTF 1.60 → 1.50 (-6 %)" in text
+    assert "against inline: one stream's RTF 3.10 → 2.90 (-6 %); eight streams' aggregate RTF 1.80 → 1.60 (-11 %)" in text
+    assert ("(`--codec-threads 1`) against the default: one stream's RTF 2.90 → 2.70 (-7 %); eight streams' aggregate "
+            "RTF 1.60 → 1.50 (-6 %); first audio 0.30 → 0.30 s") in text
 
 
 def test_the_overlap_variants_name_their_settings():
-    """The old default is every core per codec call, whatever the run's threads; the default asks nothing."""
+    """The default asks nothing but the overlap; the lanes ask calls of one thread, as `--codec-threads 1`."""
     names = list(OVERLAP_VARIANTS)
-    assert overlap_settings(OVERLAP_VARIANTS[names[1]], 4) == {"codec_overlap": True, "codec_threads": 4}
-    assert overlap_settings(OVERLAP_VARIANTS[names[2]], 4) == {"codec_overlap": True}
-    assert "(default)" in names[2] and "inline" in names[0]
+    assert OVERLAP_VARIANTS[names[1]] == {"codec_overlap": True} and "(default)" in names[1]
+    assert OVERLAP_VARIANTS[names[2]] == {"codec_overlap": True, "codec_threads": 1} and "--codec-threads 1" in names[2]
+    assert "inline" in names[0]
     assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
 
 

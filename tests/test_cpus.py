@@ -129,10 +129,10 @@ def test_llama_threads_sleep_once_idle_with_two_calling_threads(tiny_cv_f32):
 @pytest.mark.parametrize("threads, overlap, codec_threads, expected", [
     (1, True, 0, cpus.StageThreads(1, 1, 1, 1, 1)),  # one core: nothing overlaps
     (2, False, 0, cpus.StageThreads(2, 2, 2, 2, 1)),  # inline: every stage on every core
-    (2, True, 0, cpus.StageThreads(1, 2, 2, 1, 2)),  # a step leaves a core to the codec; two lanes
-    (8, True, 0, cpus.StageThreads(7, 8, 8, 1, 8)),
+    (2, True, 0, cpus.StageThreads(2, 2, 2, 2, 1)),  # overlapped: one codec call at a time on every core
+    (2, True, 1, cpus.StageThreads(1, 2, 2, 1, 2)),  # calls of 1 thread: two lanes, a step leaves a core
+    (8, True, 1, cpus.StageThreads(7, 8, 8, 1, 8)),
     (8, True, 2, cpus.StageThreads(7, 8, 8, 2, 4)),  # codec calls of 2 threads: 4 lanes
-    (2, True, 2, cpus.StageThreads(2, 2, 2, 2, 1)),  # codec calls on every core: one lane, as before
     (2, True, 4, cpus.StageThreads(2, 2, 2, 2, 1)),  # never more threads per call than cores
 ])
 def test_stage_threads(threads, overlap, codec_threads, expected):
@@ -140,17 +140,17 @@ def test_stage_threads(threads, overlap, codec_threads, expected):
 
 
 def test_the_engine_gives_each_stage_its_threads(tiny_cv_f32):
-    """Overlapped on 2 cores, llama.cpp decodes one row on 1 thread and several rows on 2, the code
-    predictor has 2 and each codec call 1 thread (in two lanes); inline, every stage has 2."""
+    """With codec calls of one thread on 2 cores, llama.cpp decodes one row on 1 thread and several rows
+    on 2, the code predictor has 2 and each codec call 1 (in two lanes); by default every stage has 2."""
     from qwen3_tts_gguf.model import EngineSettings, LoadedModel
 
-    for overlap, expected in ((True, (1, 2, 2, 1)), (False, (2, 2, 2, 2))):
-        model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_overlap=overlap))
+    for codec_threads, expected in ((1, (1, 2, 2, 1)), (0, (2, 2, 2, 2))):
+        model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_threads=codec_threads))
         try:
             L, ctx = model.talker._L, model.talker._ctx
             got = (L.llama_n_threads(ctx), L.llama_n_threads_batch(ctx),
                    model.predictor.session.get_session_options().intra_op_num_threads,
                    model.codec.session.get_session_options().intra_op_num_threads)
-            assert got == expected and model.settings.stage_threads.codec_lanes == (2 if overlap else 1)
+            assert got == expected and model.settings.stage_threads.codec_lanes == (2 if codec_threads else 1)
         finally:
             model.close()

@@ -86,6 +86,13 @@ def test_kv_cache_flags_reach_the_engine_from_synth_and_serve(monkeypatch):
     assert engine_settings_from_args(serve_args("--no-codec-overlap"), check_devices=False).codec_overlap is False
     monkeypatch.setenv("QTTS_NO_CODEC_OVERLAP", "1")
     assert engine_settings_from_args(serve_args(), check_devices=False).codec_overlap is False
+    assert engine_settings_from_args(serve_args(), check_devices=False).codec_threads == 0
+    assert engine_settings_from_args(serve_args("--codec-threads", "1"), check_devices=False).codec_threads == 1
+    assert build_parser().parse_args(["synth", "hello", "--codec-threads", "1"]).codec_threads == 1
+    with pytest.raises(SystemExit):
+        serve_args("--codec-threads", "0")
+    monkeypatch.setenv("QTTS_CODEC_THREADS", "1")
+    assert engine_settings_from_args(serve_args(), check_devices=False).codec_threads == 1
 
 
 @pytest.mark.parametrize("text", ["-2", "many", "1.5"])

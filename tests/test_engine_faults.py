@@ -298,10 +298,10 @@ def test_a_live_stream_that_outgrows_the_pool_ends_alone(converted_factory):
 
 
 def test_the_overlapped_codec_keeps_faults_and_order_per_stream(converted_factory, monkeypatch):
-    """Fast profile on 2 threads: the codec runs in two lanes of one thread each. A codec failure
+    """Fast profile on 2 threads, codec calls of one thread: two lanes. A codec failure
     there ends its stream alone (with an error result after its chunks); the other streams' audio,
     chunk by chunk in order, equals one decode of their codes; the three streams' calls use both lanes."""
-    model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(threads=2, max_streams=4))
+    model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(threads=2, max_streams=4, codec_threads=1))
     assert model.codec_overlap and model.codec.session.get_session_options().intra_op_num_threads == 1
     try:
         with Engine(model) as engine:
