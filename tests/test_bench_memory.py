@@ -73,6 +73,7 @@ def test_the_overlap_section_compares_the_default_with_inline():
     assert "against inline: one stream's RTF 3.10 → 2.90 (-6 %); eight streams' aggregate RTF 1.80 → 1.60 (-11 %)" in text
     assert ("(`--codec-threads 1`) against the default: one stream's RTF 2.90 → 2.70 (-7 %); eight streams' aggregate "
             "RTF 1.60 → 1.50 (-6 %); first audio 0.30 → 0.30 s") in text
+    assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
 
 
 def test_the_overlap_variants_name_their_settings():
@@ -81,7 +82,6 @@ def test_the_overlap_variants_name_their_settings():
     assert OVERLAP_VARIANTS[names[1]] == {"codec_overlap": True} and "(default)" in names[1]
     assert OVERLAP_VARIANTS[names[2]] == {"codec_overlap": True, "codec_threads": 1} and "--codec-threads 1" in names[2]
     assert "inline" in names[0]
-    assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
 
 
 def test_the_agreement_table_shows_the_kv_cache_row():
