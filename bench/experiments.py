@@ -57,7 +57,7 @@ def engine_knobs(args) -> dict:
 OVERLAP_VARIANTS = {
     "codec inline (one thread of work)": {"codec_overlap": False},
     "codec overlapped, one call at a time on every core (default)": {"codec_overlap": True},
-    "codec overlapped, calls of 1 thread in parallel lanes, a stream's step on one core fewer (`--codec-threads 1`)":
+    "codec overlapped, calls of 1 thread in parallel lanes (`--codec-threads 1`)":
         {"codec_overlap": True, "codec_threads": 1},
 }
 

@@ -1026,8 +1026,8 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
       "stages add up. *Overlapped*: the codec runs on threads of its own while the talker and code predictor make "
       "the next frames (a stream's first chunk still goes inline, for first audio): by default one call at a time "
       "on every core; with `--codec-threads 1`, calls of one thread each in lanes side by side (a lane per core; a "
-      "stream keeps its lane, so its calls stay in order), with one stream's talker steps on one core fewer "
-      "(`qwen3_tts_gguf/cpus.py`, `stage_threads`). The samples are the same every way (the codec carries its "
+      "stream keeps its lane, so its calls stay in order). Overlapped, a one-row talker step (one stream's) leaves "
+      "a core to a codec call in flight (`qwen3_tts_gguf/cpus.py`, `stage_threads`). The samples are the same every way (the codec carries its "
       "state; the tests hold chunked audio to one whole decode).\n")
     w(block.get("markdown", "**Not measured.**"))
     runs, conc = block.get("runs", {}), block.get("concurrency", {})

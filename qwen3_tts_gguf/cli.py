@@ -355,8 +355,8 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                         "the talker and code predictor (the fast profile overlaps them on 2+ threads)")
     p.add_argument("--codec-threads", type=_number(int, 1), default=None, metavar="N",
                    help="threads of one overlapped codec call (default: --threads): fewer run several streams' "
-                        "calls side by side, in a lane each, and one stream's talker steps on a core fewer: more "
-                        "throughput and a lower real-time factor, later first audio (docs/benchmarks.md, Codec overlap)")
+                        "calls side by side, in a lane each: more throughput with many streams, later first audio "
+                        "(docs/benchmarks.md, Codec overlap)")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

@@ -98,8 +98,8 @@ def default_threads(threads: int | None = 0) -> int:
 class StageThreads:
     """Threads of each stage of the engine (`stage_threads`)."""
 
-    talker_step: int  # llama.cpp threads for a decode of one row (one stream's step)
-    talker_batch: int  # llama.cpp threads for a decode of several rows (prefills, several streams' steps)
+    talker_step: int  # llama.cpp threads for a decode of one row while a codec call runs beside it
+    talker_batch: int  # llama.cpp threads for a decode of several rows, and of one row with the codec idle
     predictor: int  # the code predictor's ONNX Runtime threads
     codec: int  # ONNX Runtime threads of one codec call
     codec_lanes: int  # codec calls that may run at once (different streams), when the codec overlaps
@@ -108,22 +108,24 @@ class StageThreads:
 def stage_threads(threads: int | None = 0, *, codec_overlap: bool = False, codec_threads: int = 0) -> StageThreads:
     """Each stage's threads for an engine on `threads` cores (0: `usable_cpus()`).
 
-    Inline, every stage uses every core, one after the other. Overlapped (the codec on a thread of its
-    own beside the talker and the code predictor), by default one codec call at a time on every core.
+    Inline, every stage uses every core, one after the other. Overlapped (the codec on threads of its
+    own beside the talker and the code predictor), by default one codec call at a time on every core,
+    and a one-row talker step (one stream's) leaves a core to the codec while one of its calls is in
+    flight: a step reads its weights from memory and gains little from a second thread while the codec
+    computes on it (the engine sets the step's threads before each decode; with the codec idle, as for
+    a stream's first frame, the step has every core). 0.6B, 2 cores, side by side
+    (`python -m bench.experiments codec-overlap`, 2026-12-01 18:01): one stream's RTF 1.49 -> 1.42, the
+    same first audio (0.34 s) and eight streams' aggregate RTF (0.84 -> 0.83).
     With `codec_threads` below the cores, each codec call runs on that many threads, in as many lanes
-    as the cores hold, so several streams' calls run side by side, and one stream's talker steps leave a
-    core to the codec (a step reads its weights from memory and gains little from a second thread while
-    the codec computes on it); prefills and several streams' steps keep every core.
-    0.6B, 2 cores, `codec_threads` 1 against the default (the full bench of 2026-12-01 13:34, where it
-    was the default): one stream's RTF 1.61 -> 1.48 and eight streams' 0.91 -> 0.84 (*Codec overlap*),
-    but the first chunk, decoded at once on the engine thread, gets one codec thread: its call took
-    76-80 ms instead of 49-51, and one-row prefills (cached voice, live text) run on one thread too,
-    so first audio came 0.04 s later (live text 0.132 -> 0.173 s). Hence opt-in (`--codec-threads 1`)."""
+    as the cores hold, so several streams' calls run side by side (eight streams 0.83 -> 0.77 in that
+    run); but a stream's first chunk, decoded at once on the engine thread, then gets only that many
+    threads too (its 1-frame call 76-80 ms instead of 49-51, first audio 0.03-0.04 s later): opt-in
+    (`--codec-threads 1`), for servers that want throughput more than first audio."""
     n = default_threads(threads)
     if not codec_overlap or n < 2:
         return StageThreads(n, n, n, codec_threads or n, 1)
     per_call = min(codec_threads or n, n)
-    return StageThreads(n - 1 if per_call < n else n, n, n, per_call, n // per_call)
+    return StageThreads(n - 1, n, n, per_call, n // per_call)
 
 
 WAIT_POLICY = "ACTIVE"

@@ -76,7 +76,8 @@ def talker_settings(settings: EngineSettings, quant: str):
     threads = settings.stage_threads
     return TalkerSettings(
         n_ctx=settings.kv_cells, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
-        threads=threads.talker_step, batch_threads=threads.talker_batch, kv_cache=settings.kv_cache,
+        # one row gets every core until a codec call runs beside it (the engine sets it per decode)
+        threads=threads.talker_batch, batch_threads=threads.talker_batch, kv_cache=settings.kv_cache,
         gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
         repack=repack_pays(quant, deterministic=settings.deterministic, gpu_layers=settings.gpu_layers))
 

@@ -689,6 +689,12 @@ class Engine:
     def _decode(self, items: list[DecodeItem], owners: list[_Active]) -> None:
         """One talker decode for every item; if it fails, each item alone (KV cells rewound)."""
         talker = self.model.talker
+        threads = self.model.settings.stage_threads
+        if threads.talker_step < threads.talker_batch:
+            # a step leaves a core to the codec lanes only while one of their calls is in flight (a
+            # lane call starts only from this thread, so none starts during the decode)
+            busy = any(a.codec_busy for a in self._active.values())
+            talker.set_step_threads(threads.talker_step if busy else threads.talker_batch)
         t0 = time.perf_counter()
         try:
             results = list(zip(*talker.decode(items)))

@@ -129,22 +129,23 @@ def test_llama_threads_sleep_once_idle_with_two_calling_threads(tiny_cv_f32):
 @pytest.mark.parametrize("threads, overlap, codec_threads, expected", [
     (1, True, 0, cpus.StageThreads(1, 1, 1, 1, 1)),  # one core: nothing overlaps
     (2, False, 0, cpus.StageThreads(2, 2, 2, 2, 1)),  # inline: every stage on every core
-    (2, True, 0, cpus.StageThreads(2, 2, 2, 2, 1)),  # overlapped: one codec call at a time on every core
+    (2, True, 0, cpus.StageThreads(1, 2, 2, 2, 1)),  # overlapped: one codec call at a time on every core
     (2, True, 1, cpus.StageThreads(1, 2, 2, 1, 2)),  # calls of 1 thread: two lanes, a step leaves a core
     (8, True, 1, cpus.StageThreads(7, 8, 8, 1, 8)),
     (8, True, 2, cpus.StageThreads(7, 8, 8, 2, 4)),  # codec calls of 2 threads: 4 lanes
-    (2, True, 4, cpus.StageThreads(2, 2, 2, 2, 1)),  # never more threads per call than cores
+    (2, True, 4, cpus.StageThreads(1, 2, 2, 2, 1)),  # never more threads per call than cores
 ])
 def test_stage_threads(threads, overlap, codec_threads, expected):
     assert cpus.stage_threads(threads, codec_overlap=overlap, codec_threads=codec_threads) == expected
 
 
 def test_the_engine_gives_each_stage_its_threads(tiny_cv_f32):
-    """With codec calls of one thread on 2 cores, llama.cpp decodes one row on 1 thread and several rows
-    on 2, the code predictor has 2 and each codec call 1 (in two lanes); by default every stage has 2."""
+    """With codec calls of one thread on 2 cores, each codec call has 1 (in two lanes); by default 2.
+    llama.cpp and the code predictor have 2 (one-row steps drop to 1 only beside a codec call: the
+    scheduler test below)."""
     from qwen3_tts_gguf.model import EngineSettings, LoadedModel
 
-    for codec_threads, expected in ((1, (1, 2, 2, 1)), (0, (2, 2, 2, 2))):
+    for codec_threads, expected in ((1, (2, 2, 2, 1)), (0, (2, 2, 2, 2))):
         model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_threads=codec_threads))
         try:
             L, ctx = model.talker._L, model.talker._ctx
@@ -154,3 +155,43 @@ def test_the_engine_gives_each_stage_its_threads(tiny_cv_f32):
             assert got == expected and model.settings.stage_threads.codec_lanes == (2 if codec_threads else 1)
         finally:
             model.close()
+
+
+@pytest.mark.parametrize("codec_threads", [0, 1])
+def test_a_step_leaves_a_core_to_a_codec_call_in_flight(tiny_cv_f32, monkeypatch, codec_threads):
+    """Overlapped on 2 cores: a one-row step decodes on 1 thread while a codec call of its stream is in
+    flight (a slowed codec keeps one there), on 2 when none is (the first frame's); prefills on 2."""
+    import time
+
+    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.prompt import VoiceSpec
+    from qwen3_tts_gguf.request import SynthesisRequest
+    from qwen3_tts_gguf.scheduler import Engine
+
+    model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_threads=codec_threads))
+    talker, seen = model.talker, []
+    real_decode, real_codec = talker.decode, model.codec.decode
+
+    def decode(items):
+        if sum(len(i.rows) for i in items) == 1:
+            seen.append((talker._L.llama_n_threads(talker._ctx), any(a.codec_busy for a in engine._active.values())))
+        else:
+            assert talker._L.llama_n_threads_batch(talker._ctx) == 2
+        return real_decode(items)
+
+    def slow_codec(frames, state=None):
+        time.sleep(0.02)
+        return real_codec(frames, state)
+
+    monkeypatch.setattr(talker, "decode", decode)
+    monkeypatch.setattr(model.codec, "decode", slow_codec)
+    try:
+        with Engine(model) as engine:
+            stream = engine.submit(SynthesisRequest("Hello there.", VoiceSpec(speaker="vivian"), max_frames=24,
+                                                    ignore_eos=True, seed=3))
+            for _ in stream:
+                pass
+    finally:
+        model.close()
+    assert seen and all(threads == (1 if busy else 2) for threads, busy in seen), seen
+    assert {busy for _, busy in seen} == {True, False}, seen
