@@ -56,8 +56,9 @@ def test_bad_input_errors(tiny_cv_f32):
 def test_ctrl_c_leaves_a_valid_wav(tiny_cv_f32, tmp_path):
     out = tmp_path / "long.wav"
     # long enough that the runaway budget (frames per text token) cannot end it before the signal: the
-    # tiny model makes a short sentence's ~130 frames in about a second
-    text = "A long utterance that goes on and on, " * 12
+    # tiny model makes a short sentence's ~130 frames in about a second (12 repeats, ~1500 frames, once
+    # ended before the first poll saw its file)
+    text = "A long utterance that goes on and on, " * 48
     proc = subprocess.Popen([sys.executable, "-m", "qwen3_tts_gguf", "synth", text, "--model",
                              str(tiny_cv_f32), *BASE, "--max-frames", "100000", "-o", str(out)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
