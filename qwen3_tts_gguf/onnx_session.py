@@ -153,7 +153,10 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     # idle ORT threads must not spin: llama.cpp runs right after on the same cores (measured: talker
-    # step in the engine loop 38 -> 19 ms, real-time factor 2.00 -> 1.68 on 2 cores)
+    # step in the engine loop 38 -> 19 ms, real-time factor 2.00 -> 1.68 on 2 cores); spinning only
+    # within a run (`session.force_spinning_stop`) made a code predictor call faster (64 -> 53 ms) but
+    # fought the overlapped codec: one stream's RTF 1.45 -> 1.47, eight streams' 0.83 -> 0.97
+    # (`python -m bench.experiments codec-overlap` with those entries, 2026-12-01 18:14)
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # no CPU arena: it kept the codec's largest activations for good (+130 MB resident at 0.6B) and
     # measured no faster for either graph (docs/benchmarks.md, Memory)
