@@ -101,7 +101,7 @@ class LoadedModel:
         self.prompts = PromptBuilder(self.manifest, self.tokenizer, self.tables)
         self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant))
         self.codec_overlap = settings.overlaps_codec
-        threads = settings.stage_threads
+        self.stage_threads = threads = settings.stage_threads  # worked out once: it reads the cgroup's files
         try:
             self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads.predictor, device=settings.device)
             self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device)

@@ -179,7 +179,7 @@ class Engine:
             self._prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-prompts")
             if self.model.codec_overlap and not self._codec_lanes:
                 self._codec_lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"qwen3-tts-codec-{i}")
-                                     for i in range(self.model.settings.stage_threads.codec_lanes)]
+                                     for i in range(self.model.stage_threads.codec_lanes)]
             self._thread = threading.Thread(target=self._worker, name="qwen3-tts-engine", daemon=True)
             self.heartbeat = time.monotonic()
             self._thread.start()
@@ -689,7 +689,7 @@ class Engine:
     def _decode(self, items: list[DecodeItem], owners: list[_Active]) -> None:
         """One talker decode for every item; if it fails, each item alone (KV cells rewound)."""
         talker = self.model.talker
-        threads = self.model.settings.stage_threads
+        threads = self.model.stage_threads
         if threads.talker_step < threads.talker_batch:
             # a step leaves a core to the codec lanes only while one of their calls is in flight (a
             # lane call starts only from this thread, so none starts during the decode)

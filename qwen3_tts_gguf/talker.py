@@ -176,13 +176,12 @@ class Talker:
             raise TalkerError("llama.cpp could not create a context for the talker")
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(settings.n_batch, self.hidden_size, settings.max_streams)
-        self._step_threads = cp.n_threads
+        self._step_threads, self._batch_threads = cp.n_threads, cp.n_threads_batch
 
     def set_step_threads(self, threads: int) -> None:
         """Threads for the next decodes of one row (llama.cpp keeps the count until it is changed)."""
         if threads != self._step_threads:
-            self._L.llama_set_n_threads(self._ctx, threads, default_threads(self.settings.batch_threads
-                                                                            or self.settings.threads))
+            self._L.llama_set_n_threads(self._ctx, threads, self._batch_threads)
             self._step_threads = threads
 
     def _set_kv_cache(self, cp, kind: str) -> None:
