@@ -119,7 +119,8 @@ def stage_threads(threads: int | None = 0, *, codec_overlap: bool = False, codec
     With `codec_threads` below the cores, each codec call runs on that many threads, in as many lanes
     as the cores hold, so several streams' calls run side by side (eight streams 0.83 -> 0.77 in that
     run); but a stream's first chunk, decoded at once on the engine thread, then gets only that many
-    threads too (its 1-frame call 76-80 ms instead of 49-51, first audio 0.03-0.04 s later): opt-in
+    threads too (its 1-frame call 76-80 ms instead of 49-51 in the full bench of 2026-12-01 13:34;
+    first audio 0.34 -> 0.35 s in the 18:01 run, 0.29 -> 0.31 in one at 17:58): opt-in
     (`--codec-threads 1`), for servers that want throughput more than first audio."""
     n = default_threads(threads)
     if not codec_overlap or n < 2:
