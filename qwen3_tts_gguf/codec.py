@@ -16,11 +16,15 @@ import numpy as np
 
 from .onnx_session import make_session
 
-MAX_CALL_FRAMES = 8
+MAX_CALL_FRAMES = 4
 """Frames (streams x frames) one ONNX Runtime call decodes at most; longer input is decoded in pieces,
 the state carried between them (the same samples up to fp32 rounding). A call's activations take about
-20 MiB per frame at fp32, and ms per frame is flat from 4 frames per call on, slower from 32 (a 30 s voice
-reference, 375 frames, in one call: peak RSS 3.9 GiB and 49.9 s; in calls of 8: 0.8 GiB and 14.3 s)."""
+20 MiB per frame at fp32, and ms per frame is about flat from 4 frames per call on, slower from 32. Calls
+of 4 rather than 8 (0.6B, 2 cores, 2026-12-01): the engine's peak RSS with eight streams 1967 and 1971 ->
+1849 and 1861 MiB (KV cache q4_0), with no cost the engine could measure (side by side, one stream's RTF
+1.40 -> 1.41, eight streams' 0.84 -> 0.85); a 30 s voice reference (375 frames) primes the decoder in
+14.5-15.4 s with a 709 MiB peak, against 13.6-14.0 s and 755-823 MiB in calls of 8 (49.9 s and 3.9 GiB
+in one call)."""
 
 
 @dataclass
