@@ -1,4 +1,5 @@
-"""`python -m bench [--quick]`: build the inputs, run every measurement, write docs/benchmarks.md.
+"""`python -m bench [--quick]`: build the inputs, run every measurement, write docs/benchmarks.md (a quick run:
+bench/out/benchmarks-quick.md).
 
 `python -m bench --only busy`: only the busy-machine block (0.6B headline configuration under
 stress-ng loads, ours and official side by side), merged into the latest saved full results.
@@ -75,6 +76,17 @@ BUSY = dict(busy_frames=24, busy_reps=3, busy_official_reps=2, busy_official_loa
             busy_budget_s=780.0, busy_timeout_s=600.0)
 
 
+PUBLISHED_REPORT = ROOT / "docs" / "benchmarks.md"
+QUICK_REPORT = OUT / "benchmarks-quick.md"
+
+
+def report_path(args: argparse.Namespace) -> Path:
+    """Where the report goes: --doc, else the published page, except for a quick run (bench/out)."""
+    if args.doc is not None:
+        return args.doc
+    return QUICK_REPORT if args.quick and not args.only else PUBLISHED_REPORT
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="0.6B, q8_0 only, fewer frames and repeats (< 5 min)")
@@ -91,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, help="seconds; optional runs are skipped past it (quick: 270)")
     p.add_argument("--no-official", action="store_true", help="skip the official PyTorch pipeline")
     p.add_argument("--no-http", action="store_true", help="skip time to first audio through the HTTP server")
-    p.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md", help="report to write")
+    p.add_argument("--doc", type=Path, help=f"report to write (default {PUBLISHED_REPORT.relative_to(ROOT)}; "
+                                            f"with --quick {QUICK_REPORT.relative_to(ROOT)}, so that a quick run "
+                                            "never replaces the published full one)")
     p.add_argument("--no-doc", action="store_true", help="only save the JSON results under bench/out/")
     p.add_argument("--busy", action="store_true",
                    help="quick mode: also run the busy-machine block (full mode always runs it): the 0.6B headline "
@@ -550,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
+    args.doc = report_path(args)
     from .report import ONLY_RENDERERS, render, splice_section
 
     if args.only:

@@ -237,7 +237,7 @@ def render(res: dict) -> str:
           "bound is a floor for *this* run, not a constant.\n")
 
     w("## Reproduce\n")
-    w("```\n. .venv/bin/activate\npython -m bench --quick      # < 5 min: 0.6B, q8_0\n"
+    w("```\n. .venv/bin/activate\npython -m bench --quick      # < 5 min: 0.6B, q8_0; its report goes to bench/out/benchmarks-quick.md\n"
       "python -m bench              # every quant, thread sweep, 0.6B and 1.7B, busy machine, memory, overlap, codec\n"
       "python -m bench --only busy  # ~15 min: only the busy-machine block, merged into the last full results\n"
       "python -m bench --only memory    # ~4 min: RSS per part and at 8 streams, per KV-cache precision; 1.7B\n"

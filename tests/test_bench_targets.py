@@ -114,3 +114,13 @@ def test_the_full_report_opens_with_the_targets():
     text = render(_results())
     assert text.index("## Setup") < text.index("## Targets") < text.index("## 0.6B CustomVoice")
     assert "| target | goal |" not in render(dict(_results(), shapes={}))
+
+
+def test_a_quick_run_never_replaces_the_published_report(tmp_path):
+    """`--quick` writes its report under bench/out; the full run, `--only` and an explicit --doc keep theirs."""
+    p = cli.build_parser()
+    assert cli.report_path(p.parse_args([])) == cli.PUBLISHED_REPORT
+    assert cli.report_path(p.parse_args(["--quick"])) == cli.QUICK_REPORT
+    assert cli.QUICK_REPORT.parent == cli.OUT != cli.PUBLISHED_REPORT.parent
+    assert cli.report_path(p.parse_args(["--only", "memory"])) == cli.PUBLISHED_REPORT
+    assert cli.report_path(p.parse_args(["--quick", "--doc", str(tmp_path / "r.md")])) == tmp_path / "r.md"
