@@ -68,12 +68,12 @@ class EngineSettings:
         return self.n_ctx or max(MIN_KV_CELLS, KV_CELLS_PER_STREAM * self.max_streams)
 
 
-def talker_settings(settings: EngineSettings, quant: str):
+def talker_settings(settings: EngineSettings, quant: str, threads: StageThreads | None = None):
     """The talker's context settings (talker.TalkerSettings) for an engine with `settings` and a
-    talker of quant `quant`."""
+    talker of quant `quant`; `threads`: `settings.stage_threads` when already worked out."""
     from .talker import TalkerSettings, repack_pays
 
-    threads = settings.stage_threads
+    threads = threads or settings.stage_threads
     return TalkerSettings(
         n_ctx=settings.kv_cells, max_streams=settings.max_streams, cached_prefixes=settings.prefix_cache,
         # one row gets every core until a codec call runs beside it (the engine sets it per decode)
@@ -99,9 +99,9 @@ class LoadedModel:
         except (OSError, ValueError) as e:
             raise ModelFolderError(f"{self.folder}: cannot read the tokenizer or text tables ({e})") from e
         self.prompts = PromptBuilder(self.manifest, self.tokenizer, self.tables)
-        self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant))
-        self.codec_overlap = settings.overlaps_codec
         self.stage_threads = threads = settings.stage_threads  # worked out once: it reads the cgroup's files
+        self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant, threads))
+        self.codec_overlap = settings.overlaps_codec
         try:
             self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads.predictor, device=settings.device)
             self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device)

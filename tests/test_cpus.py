@@ -152,7 +152,7 @@ def test_the_engine_gives_each_stage_its_threads(tiny_cv_f32):
             got = (L.llama_n_threads(ctx), L.llama_n_threads_batch(ctx),
                    model.predictor.session.get_session_options().intra_op_num_threads,
                    model.codec.session.get_session_options().intra_op_num_threads)
-            assert got == expected and model.settings.stage_threads.codec_lanes == (2 if codec_threads else 1)
+            assert got == expected and model.stage_threads.codec_lanes == (2 if codec_threads else 1)
         finally:
             model.close()
 
