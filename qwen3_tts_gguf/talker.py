@@ -145,6 +145,10 @@ class Talker:
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = settings.gpu_layers
         mp.use_extra_bufts = settings.repack  # off by default: the AMX/q8_0 crash, see the module docstring
+        if settings.repack:
+            # repacking copies the weights into llama.cpp's own buffers; a mapped file would keep a second,
+            # file-backed copy of them resident (0.6B q4_k_m: about 200 MiB), so read the file instead
+            mp.load_mode = L.LLAMA_LOAD_MODE_NONE
         self._model = L.llama_model_load_from_file(str(gguf_path).encode(), mp)
         if not self._model:
             raise TalkerError(f"llama.cpp could not load the talker {gguf_path}")

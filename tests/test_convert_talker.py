@@ -114,6 +114,12 @@ def test_quantized_kv_cache_agreement(checkpoint_factory, tmp_path, record_prope
         kv_cache_for("q2_k", 128)
 
 
+def _maps_file(path) -> bool:
+    """Whether this process maps `path` (Linux)."""
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip().endswith(str(path)) for line in f)
+
+
 @pytest.mark.parametrize("repack", [False, True])
 def test_k_quants_apply_on_256_wide_rows(checkpoint_factory, tmp_path, repack):
     """q4_k_m as loaded plainly and with llama.cpp's repacked kernels (the fast profile's choice
@@ -126,6 +132,8 @@ def test_k_quants_apply_on_256_wide_rows(checkpoint_factory, tmp_path, repack):
     types = gguf_tensor_types(tmp_path / "talker.gguf")
     assert {"Q4_K", "Q6_K"} & set(types.values()), types
     talker = Talker(tmp_path / "talker.gguf", TalkerSettings(n_ctx=128, max_streams=2, repack=repack))
+    # repacked weights live in llama.cpp's own buffers: the file is read, not mapped beside them
+    assert _maps_file(tmp_path / "talker.gguf") is not repack
     rows = np.random.default_rng(3).standard_normal((5, talker.hidden_size)).astype(np.float32)
     logits, _ = talker.decode([DecodeItem(0, 0, rows)])
     ref_logits, _ = talker_forward(small, rows)
