@@ -79,7 +79,8 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 
 def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool = True) -> EngineSettings:
     """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
-    --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap, --codec-threads). The device settings are checked
+    --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap, --codec-threads,
+    --heap-map-threshold). The device settings are checked
     against this installation (`qwen3_tts_gguf.devices`): ValueError (DeviceError) when GPU layers are
     asked of a llama.cpp without a GPU backend or device, or --device names a provider not installed;
     the resolved plan is logged."""
@@ -94,4 +95,5 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
                           kv_cache=getattr(args, "kv_cache", None) or EngineSettings.kv_cache,
                           n_ctx=getattr(args, "n_ctx", None) or 0,
                           codec_overlap=not getattr(args, "no_codec_overlap", False),
-                          codec_threads=getattr(args, "codec_threads", None) or 0)
+                          codec_threads=getattr(args, "codec_threads", None) or 0,
+                          heap_map_threshold=getattr(args, "heap_map_threshold", EngineSettings.heap_map_threshold))

@@ -5,7 +5,7 @@
     python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
     python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
-    python -m bench.experiments malloc [--rounds 6]         # glibc's dynamic mmap threshold against a fixed one
+    python -m bench.experiments malloc [--thresholds 131072] # glibc's dynamic mmap threshold against fixed ones
     python -m bench.experiments omp-spin [--load cpu1]      # llama.cpp's OpenMP threads: how long they spin before sleeping
     python -m bench.experiments graphs [--rounds 6]         # the codec's polynomial Snake, the fused code-predictor MatMuls
 
@@ -83,13 +83,21 @@ def presets(args) -> dict:
 
 
 def malloc(args) -> dict:
-    """glibc's default (a freed large block raises the mmap threshold, so later blocks of that size stay
-    in the heap) against a fixed 128 KiB threshold (every large block mapped and unmapped)."""
+    """glibc's dynamic mmap threshold (a freed large block raises it, so later blocks of that size stay in
+    the heap) against fixed ones (`--thresholds`, the engine's `heap_map_threshold`: every larger block
+    mapped and unmapped)."""
+    from qwen3_tts_gguf.heap import MAP_THRESHOLD
+
     base = dict(_session_base(args), threads=args.threads)
-    return _compare(args, {
-        "glibc default (dynamic mmap threshold)": (base, {}),
-        "mmap threshold fixed at 128 KiB": (base, {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}),
-    })
+
+    def threshold(size: int) -> dict:
+        return dict(base, engine=dict(base.get("engine", {}), heap_map_threshold=size))
+
+    variants = {"glibc's dynamic mmap threshold (`--heap-map-threshold 0`)": (threshold(0), {})}
+    for size in sorted({MAP_THRESHOLD, *args.thresholds}):
+        default = " (default)" if size == MAP_THRESHOLD else ""
+        variants[f"mmap threshold fixed at {size // 1024:,} KiB{default}"] = (threshold(size), {})
+    return _compare(args, variants)
 
 
 def omp_spin(args) -> dict:
@@ -172,8 +180,13 @@ def graphs(args) -> dict:
 
 
 def _session_base(args) -> dict:
-    model = _model_dir(args.shape, "q8_0")
-    return dict(model_dir=str(model), frames=args.frames, warmup_frames=4, concurrency_frames=args.frames)
+    """The worker's parameters every variant starts from: `--preset`'s model, `--kv-cache`."""
+    from qwen3_tts_gguf.convert.presets import PRESETS
+
+    preset = PRESETS[args.preset]
+    model = _model_dir(args.shape, preset.quant, preset.cp_precision)
+    base = dict(model_dir=str(model), frames=args.frames, warmup_frames=4, concurrency_frames=args.frames)
+    return dict(base, engine={"kv_cache": args.kv_cache}) if args.kv_cache else base
 
 
 def _compare(args, variants: dict) -> dict:
@@ -219,7 +232,12 @@ def _compare(args, variants: dict) -> dict:
                      if "aggregate_rtf" in c else "–",
                      f"{c['peak_rss_mb']:.0f}" if "peak_rss_mb" in c else "–",
                      f"{100 * median([x['background'] for x in rs]):.0f} %" if rs else "–"])
-    table = _table(rows, [f"variant ({args.shape}; talker q8_0 + code predictor int8 unless it says)",
+    from qwen3_tts_gguf.convert.presets import PRESETS
+
+    preset = PRESETS[args.preset]
+    weights = f"talker {preset.quant} + code predictor {preset.cp_precision}" + (
+        f", KV cache {args.kv_cache}" if args.kv_cache else "")
+    table = _table(rows, [f"variant ({args.shape}; {weights} unless it says)",
                           "talker step ms", "code predictor ms/frame",
                           "codec ms/frame", "prefill ms", "first audio s", "RTF",
                           "8 streams: aggregate RTF (talker / CP ms per iteration)", "peak RSS after 8 streams, MiB",
@@ -337,6 +355,10 @@ def main(argv=None) -> int:
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--shape", default="0.6b")
+    p.add_argument("--preset", default="default", help="the converter preset whose model every variant loads")
+    p.add_argument("--kv-cache", help="the talker's KV cache precision for every variant (default: the engine's)")
+    p.add_argument("--thresholds", type=lambda v: [int(x) for x in v.split(",")], default=[131072],
+                   help="malloc: fixed mmap thresholds beside the engine's, bytes")
     p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")
     p.add_argument("--spins", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1000, 10000],
                    help="omp-spin: GOMP_SPINCOUNT values beside the engine's (libgomp's default is 300000)")

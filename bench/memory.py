@@ -30,7 +30,8 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     from qwen3_tts_gguf.codec import CodecDecoder
     from qwen3_tts_gguf.embeddings import EmbeddingTables
     from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
-    from qwen3_tts_gguf.model import EngineSettings, release_freed_heap, talker_settings
+    from qwen3_tts_gguf.heap import map_large_blocks, release_freed_heap
+    from qwen3_tts_gguf.model import EngineSettings, talker_settings
     from qwen3_tts_gguf.predictor import CodePredictor
     from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
     from qwen3_tts_gguf.talker import Talker
@@ -38,6 +39,7 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
 
     folder = Path(model_dir)
     settings = EngineSettings(threads=threads, max_streams=STREAMS, kv_cache=kv_cache)
+    map_large_blocks(settings.heap_map_threshold)  # as LoadedModel does first
     rss = {"runtimes": rss_mb()}
     manifest = load_manifest(folder)
     tables = EmbeddingTables(folder / TEXT_TABLES_FILE)

@@ -210,7 +210,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         model = LoadedModel(folder, EngineSettings(threads=args.threads, max_streams=1, device=args.device,
                                                    gpu_layers=args.gpu_layers, kv_cache=args.kv_cache,
                                                    n_ctx=args.n_ctx or 0, codec_overlap=not args.no_codec_overlap,
-                                                   codec_threads=args.codec_threads or 0))
+                                                   codec_threads=args.codec_threads or 0,
+                                                   heap_map_threshold=args.heap_map_threshold))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -332,6 +333,7 @@ def _weight_formats(args: argparse.Namespace) -> tuple[str, str]:
 def _add_device_args(p: argparse.ArgumentParser) -> None:
     """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
     from .devices import ONNX_DEVICES, parse_gpu_layers
+    from .heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD
     from .model import KV_CELLS_PER_STREAM, MIN_KV_CELLS
     from .talker import KV_CACHE_TYPES
 
@@ -357,6 +359,11 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                    help="threads of one overlapped codec call (default: --threads): fewer run several streams' "
                         "calls side by side, in a lane each: more throughput with many streams, later first audio "
                         "(docs/benchmarks.md, Codec overlap)")
+    p.add_argument("--heap-map-threshold", type=_number(int, 0, MAX_MAP_THRESHOLD), default=MAP_THRESHOLD,
+                   metavar="BYTES",
+                   help="blocks of at least this size are mapped on their own and unmapped when freed (glibc): "
+                        "a lower peak memory with many streams; 0 leaves malloc's own dynamic threshold, and "
+                        "MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES, when set, win (default %(default)s)")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -376,10 +383,13 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if r.problems else 0
 
 
-def _number(kind, minimum):
-    """An argparse type: an int of at least `minimum`, or (minimum None) a finite float above 0."""
+def _number(kind, minimum, maximum=None):
+    """An argparse type: an int of at least `minimum` (and at most `maximum`), or (minimum None) a
+    finite float above 0."""
     def parse(text: str):
         value = kind(text)
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text} is out of range ({minimum} to {maximum})")
         if (value < minimum) if minimum is not None else not (0 < value < float("inf")):
             raise argparse.ArgumentTypeError(f"{text} is out of range (at least {minimum})" if minimum is not None
                                              else f"{text} is out of range (a number of seconds above 0)")

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
 from .cpus import StageThreads, default_threads, stage_threads
+from .heap import MAP_THRESHOLD, map_large_blocks, release_freed_heap
 from .manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFolderError, load_manifest
 from .manifest import TEXT_TABLES_FILE as TEXT_TABLES
 from .prompt import PromptBuilder
 from .tokenizer import TextTokenizer
-
-
-def release_freed_heap() -> None:
-    """Give the heap that loading freed back to the system: glibc keeps it otherwise (ONNX Runtime's
-    load-time copies; about 60 MiB at 0.6B). Nothing happens where there is no glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 KV_CELLS_PER_STREAM = 1024
@@ -51,6 +42,7 @@ class EngineSettings:
     max_segment_chars: int = 1000  # longer input is split at sentence ends (decoder state carries over)
     prefix_cache: int = 4  # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic)
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
+    heap_map_threshold: int = MAP_THRESHOLD  # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
 
     @property
     def overlaps_codec(self) -> bool:
@@ -93,6 +85,7 @@ class LoadedModel:
 
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
+        map_large_blocks(settings.heap_map_threshold)  # before the graphs allocate (process-wide)
         try:
             self.tokenizer = TextTokenizer(self.folder, self.manifest.tokenizer["pretokenizer"])
             self.tables = EmbeddingTables(self.folder / TEXT_TABLES)

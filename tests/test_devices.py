@@ -93,6 +93,14 @@ def test_kv_cache_flags_reach_the_engine_from_synth_and_serve(monkeypatch):
         serve_args("--codec-threads", "0")
     monkeypatch.setenv("QTTS_CODEC_THREADS", "1")
     assert engine_settings_from_args(serve_args(), check_devices=False).codec_threads == 1
+    assert engine_settings_from_args(serve_args(), check_devices=False).heap_map_threshold == 1 << 20
+    assert engine_settings_from_args(serve_args("--heap-map-threshold", "0"), check_devices=False).heap_map_threshold == 0
+    assert build_parser().parse_args(["synth", "hello", "--heap-map-threshold", "4194304"]).heap_map_threshold == 4 << 20
+    for bad in ("-1", str((32 << 20) + 1), "1.5"):
+        with pytest.raises(SystemExit):
+            serve_args("--heap-map-threshold", bad)
+    monkeypatch.setenv("QTTS_HEAP_MAP_THRESHOLD", "2097152")
+    assert engine_settings_from_args(serve_args(), check_devices=False).heap_map_threshold == 2 << 20
 
 
 @pytest.mark.parametrize("text", ["-2", "many", "1.5"])
