@@ -344,6 +344,31 @@ def test_quantized_code_predictor_block_size(setup):
         quantize_code_predictor(build_code_predictor(setup.ckpt), "int8", 48)
 
 
+def test_quantized_code_predictor_keeps_its_tables_in_float16(setup, tmp_path):
+    """A quantized graph stores its embedding tables in float16 (half their resident pages): no float32
+    table is left, and the frame embedding (tables only, when the codes are forced) is the official one
+    within float16 rounding, exactly for a bfloat16 checkpoint."""
+    import onnx
+
+    from qwen3_tts_gguf.convert.predictor_graph import quantize_code_predictor
+
+    int8 = quantize_code_predictor(build_code_predictor(setup.ckpt, teacher_forced=True), "int8")
+    weights = {t.name: t.data_type for t in int8.graph.initializer}
+    tables = [n.input[0] for n in int8.graph.node if n.op_type == "Gather" and n.input[0] in weights]
+    assert len(tables) == 16 and {weights[t] for t in tables} == {onnx.TensorProto.FLOAT16}
+    save_model(int8, tmp_path / "cp_tf_int8.onnx")
+    hidden, code0, forced = _frames(setup, 4, seed=5)
+    feeds = {"hidden": hidden, "code0": code0, "rand": np.zeros((4, 15), np.float32), "forced_codes": forced,
+             **sampler.pack(GREEDY, 4)}
+    frame = make_session(tmp_path / "cp_tf_int8.onnx", threads=2).run(["frame_embedding"], feeds)[0]
+    want = _official_frame_embedding(setup.talker, code0, forced)
+    assert frame.dtype == np.float32
+    np.testing.assert_allclose(frame, want, rtol=0, atol=16 * 2.0 ** -11 * np.abs(want).max())
+    # bfloat16 checkpoints' values (the released ones are bfloat16) are float16 values at these magnitudes
+    bf16 = setup.ckpt.weights.dtype_of("talker.model.codec_embedding.weight") == "BF16"
+    assert np.array_equal(frame, want) == bf16
+
+
 def test_weights_that_read_the_same_rows_are_one_matmul(setup):
     """q, k, v and gate, up each read one normed input: one MatMul (one MatMulNBits quantized) per group,
     so no two weight MatMuls share an input (their activation would be quantized twice)."""

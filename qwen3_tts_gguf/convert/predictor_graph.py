@@ -281,8 +281,35 @@ def quantize_code_predictor(model: onnx.ModelProto, precision: str,
                                      is_symmetric=True, accuracy_level=NBITS_ACCURACY_LEVEL,
                                      nodes_to_exclude=rope)
     quantizer.process()
-    quantized = quantizer.model.model
+    quantized = _half_tables(quantizer.model.model)
     for key, value in (("precision", precision), ("block_size", str(block_size))):
         entry = quantized.metadata_props.add()
         entry.key, entry.value = key, value
     return quantized
+
+
+def _half_tables(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each embedding table (a Gather of a float initializer) stored in float16, its rows cast back to
+    float32 after the lookup: half the file and, once eight streams have read every row, half the
+    resident pages (0.6B: 132 -> 66 MiB), for a rounding error far below the quantized MatMuls' (none for
+    a bfloat16 checkpoint's values, which float16 holds exactly unless they are tiny or huge)."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    tables = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        if node.op_type != "Gather" or node.input[0] not in tables:
+            continue
+        table = tables.pop(node.input[0])
+        half = numpy_helper.from_array(numpy_helper.to_array(table).astype(np.float16), table.name + "_fp16")
+        graph.initializer.remove(table)
+        graph.initializer.append(half)
+        rows = node.output[0]
+        node.input[0], node.output[0] = half.name, rows + "_fp16"
+        nodes.append(helper.make_node("Cast", [node.output[0]], [rows], to=onnx.TensorProto.FLOAT,
+                                      name=(node.name or rows) + "_to_fp32"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
