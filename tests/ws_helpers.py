@@ -138,6 +138,13 @@ def event(ws: ClientConnection) -> dict:
     return json.loads(message)
 
 
+def event_after_audio(ws: ClientConnection, audio: bytearray) -> dict:
+    """The next JSON event; audio that arrives before it (a stream already speaking) is added to `audio`."""
+    while isinstance(message := ws.recv(timeout=TIMEOUT), bytes):
+        audio += message
+    return json.loads(message)
+
+
 def until_done(ws: ClientConnection) -> tuple[bytes, list[dict]]:
     """Audio and events up to and including `done`."""
     audio, events = bytearray(), []
