@@ -468,17 +468,30 @@ def _headline_model(threads: int, log, shape: str | None = None) -> tuple[Path, 
     return ckpt, prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
 
 
+LEAN_MEMORY = ("fast", "q4_0")
+"""The memory block's leanest 0.6B configuration: converter preset, KV cache."""
+
+
 def _memory(progress, threads: int, shapes: list[str]) -> dict:
-    """The memory block on the 0.6B headline configuration (both KV caches), and the other shapes in
-    `shapes` (the default KV cache only)."""
-    from . import memory
+    """The memory block on the 0.6B headline configuration (every KV cache), the leanest configuration
+    (LEAN_MEMORY), and the other shapes in `shapes` (the default KV cache only)."""
+    from qwen3_tts_gguf.convert.presets import PRESETS
+
+    from . import memory, prepare
 
     _, folder = _headline_model(threads, progress.bar.write)
     block = memory.measure(progress, str(folder), threads, frames=MEMORY_FRAMES)
+    preset, kv = LEAN_MEMORY
+    ckpt, _ = prepare.ensure_checkpoint("0.6b", progress.bar.write)
+    lean = prepare.ensure_converted(ckpt, "0.6b", PRESETS[preset].quant, PRESETS[preset].cp_precision, threads,
+                                    progress.bar.write)
+    others = block.setdefault("shapes", {})
+    others[f"0.6b --preset {preset}"] = memory.measure(progress, str(lean), threads, frames=MEMORY_FRAMES,
+                                                       kv_caches=(kv,))
     for shape in [s for s in shapes if s != "0.6b"]:
         _, other = _headline_model(threads, progress.bar.write, shape)
-        block.setdefault("shapes", {})[shape] = memory.measure(progress, str(other), threads, frames=MEMORY_FRAMES,
-                                                               kv_caches=memory.KV_CACHES[:1])
+        others[shape] = memory.measure(progress, str(other), threads, frames=MEMORY_FRAMES,
+                                       kv_caches=memory.KV_CACHES[:1])
     return block
 
 

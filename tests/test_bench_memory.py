@@ -51,7 +51,19 @@ def test_the_section_adds_a_row_per_larger_model():
     text = render_memory(block)
     assert "| 1.7b (`1.7b-q8_0-cpint8`) | q8_0 | 931 (KV 476) | 398 | 472 | 1958 | **3400** | 2387 |" in text
     assert "| 4b | q8_0 | not measured |" in text
-    assert "Other model sizes" not in render_memory(_block())
+    assert "Other models and configurations" in text and "Other models" not in render_memory(_block())
+
+
+def test_the_leanest_configuration_answers_the_target_beside_the_default():
+    block = _block()
+    lean = _block((1480.0,))["kv"]["q8_0"]
+    block["shapes"] = {"0.6b --preset fast": {"model": "0.6b-q4_k_m-cpint4", "kv": {"q4_0": lean}}}
+    text = render_memory(block)
+    assert ("**reached with `--preset fast` and KV cache q4_0** (1480 MiB, `0.6b-q4_k_m-cpint4`, in the table "
+            "below); with the default weights **not reached** (2100 MiB, KV cache q8_0)") in text
+    assert "| 0.6b --preset fast (`0.6b-q4_k_m-cpint4`) | q4_0 |" in text and "weights alone take 1140 MiB" in text
+    lean["peak"]["peak_mb"] = 1600.0
+    assert "**not reached with `--preset fast` and KV cache q4_0** (1600 MiB" in render_memory(block)
 
 
 def test_command_line_runs_the_block_in_full_mode_only():

@@ -108,6 +108,11 @@ def test_the_blocks_add_busy_machine_and_memory():
     assert _row(text, "one busy process")[3].startswith("**not reached**")
     assert _row(text, "two busy processes")[1:] == ["≤ official's (3.70×)", "1.33× (0.6B)", "**reached**"]
     assert re.search(r"\| peak RSS.* \| ≤ 1536 \| 2,212 \(`m`, KV cache q8_0\) \| \*\*not reached\*\*", text)
+    res["memory"]["shapes"] = {"0.6b --preset fast": {"model": "f", "kv": {"q4_0": {"parts": {}, "peak": {"peak_mb": 1500.0}}}},
+                               "1.7b": {"model": "b", "kv": {"q8_0": {"parts": {}, "peak": {"peak_mb": 1000.0}}}}}
+    assert _row(render_targets(res), "peak RSS")[2:] == [
+        "2,212 (`m`, KV cache q8_0); 1,500 with `--preset fast` (`f`, KV cache q4_0)",
+        "reached with `--preset fast` and KV cache q4_0; the default weights: **not reached** (*Memory* says where it goes)"]
 
 
 def test_the_full_report_opens_with_the_targets():
