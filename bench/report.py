@@ -391,8 +391,9 @@ def render_targets(res: dict) -> str:
         if lean and (peak is None or lean[3] < peak):
             label, model, lean_kv, lean_peak = lean
             measured += f"; {_f(lean_peak, 0)} with {_config_words(label)} (`{model}`, KV cache {lean_kv})"
-            verdict = (f"reached with {_config_words(label)} and KV cache {lean_kv}; the default weights: "
-                       f"{_verdict(peak, MEMORY_TARGET_MB)}" if lean_peak <= MEMORY_TARGET_MB else verdict)
+            verdict = (f"{_verdict(lean_peak, MEMORY_TARGET_MB)} with {_config_words(label)} and KV cache {lean_kv}; "
+                       f"with the default weights {_verdict(peak, MEMORY_TARGET_MB)}"
+                       if lean_peak <= MEMORY_TARGET_MB else verdict)
         extra.append(f"| peak RSS, one model serving 8 streams, MiB | ≤ {MEMORY_TARGET_MB} | {measured} | {verdict} "
                      "(*Memory* says where it goes) |")
 

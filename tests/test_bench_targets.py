@@ -112,7 +112,8 @@ def test_the_blocks_add_busy_machine_and_memory():
                                "1.7b": {"model": "b", "kv": {"q8_0": {"parts": {}, "peak": {"peak_mb": 1000.0}}}}}
     assert _row(render_targets(res), "peak RSS")[2:] == [
         "2,212 (`m`, KV cache q8_0); 1,500 with `--preset fast` (`f`, KV cache q4_0)",
-        "reached with `--preset fast` and KV cache q4_0; the default weights: **not reached** (*Memory* says where it goes)"]
+        "**reached** with `--preset fast` and KV cache q4_0; with the default weights **not reached** (*Memory* says "
+        "where it goes)"]
 
 
 def test_the_full_report_opens_with_the_targets():
