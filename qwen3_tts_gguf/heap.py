@@ -26,7 +26,12 @@ MAX_MAP_THRESHOLD = 32 << 20
 """The largest threshold asked (glibc's own dynamic threshold stops there on 64-bit systems)."""
 
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
-_ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")  # glibc's own ways to set it at start
+
+
+def _set_by_environment() -> bool:
+    """Whether glibc read a threshold from the environment at start (its own two ways)."""
+    return bool(os.environ.get("MALLOC_MMAP_THRESHOLD_")) or "malloc.mmap_threshold" in os.environ.get(
+        "GLIBC_TUNABLES", "")
 
 
 def _libc():
@@ -42,7 +47,7 @@ def map_large_blocks(threshold: int = MAP_THRESHOLD) -> bool:
     GLIBC_TUNABLES' glibc.malloc.mmap_threshold), leaves malloc as it is. True if it was set."""
     if threshold <= 0:
         return False
-    if os.environ.get(_ENVIRONMENT[0]) or "malloc.mmap_threshold" in os.environ.get(_ENVIRONMENT[1], ""):
+    if _set_by_environment():
         log.info("malloc's mmap threshold is set by the environment; leaving it")
         return False
     libc = _libc()
