@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -369,4 +371,25 @@ def test_waiting_live_streams_warm_no_more_prefixes_than_the_cache_holds(convert
             stream.close_text()
             list(stream)
         assert engine.stats["prefixes_warmed"] == 1 and engine.stats["prefix_hits"] == 1
+    model.close()
+
+
+def test_an_idle_engine_gives_the_freed_heap_back_once(converted_factory, monkeypatch):
+    """Once the last stream is done (and the overlapped codec's last call), the engine trims the heap,
+    once per busy spell, not while streams run and not again while it stays idle."""
+    from qwen3_tts_gguf import heap
+
+    model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(max_streams=2, threads=2))
+    assert model.codec_overlap
+    trims = []
+    with Engine(model) as engine:
+        monkeypatch.setattr(heap, "release_freed_heap",
+                            lambda: trims.append((len(engine._active), engine.stats["streams_done"])))
+        for n in (1, 2):
+            stream = engine.submit(greedy_request("Hello world, this is a parity test.", "ryan", "english", frames=8))
+            assert len(list(stream)) > 0
+            wait_until(lambda: len(trims) == n, "the heap given back")
+            assert trims[-1] == (0, n)
+        time.sleep(0.6)  # idle: the worker woke at least twice more
+        assert len(trims) == 2
     model.close()
