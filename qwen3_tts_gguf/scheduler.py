@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +61,8 @@ HEAD_BYPASS_LIMIT = 4
 """Admissions that may pass a waiting stream too large for the free KV cells; then the engine
 admits nothing else until it fits (small requests never wait behind a large one for long, and a
 large one is never starved)."""
+IDLE_TRIM_S = 2.0
+"""Seconds without streams after which the engine gives the heap they freed back (`heap.release_freed_heap`)."""
 MAX_PENDING_FRAMES = 16
 """A stream with this many frames waiting for the codec (its call in a codec lane still running)
 makes no more until they are decoded: one codec call never grows past it."""
@@ -169,6 +171,8 @@ class Engine:
         self._stats_lock = threading.Lock()  # the codec lanes count errors too
         self._primed_lock = threading.Lock()
         self._heap_used = False  # streams ran since the heap was last given back (_give_back_heap_when_idle)
+        self._lanes_drained: list[Future] | None = None  # the codec lanes' jobs queued before going idle
+        self._idle_since: float | None = None  # when those were done
         self.clock = time.monotonic
         """The chunk plans' clock (a test may drive it)."""
         self._frame_s = model.codec.samples_per_frame / model.codec.sample_rate
@@ -418,13 +422,23 @@ class Engine:
         return any(a.stream.cancelled or a.logits is None or self._can_step(a) for a in self._active.values())
 
     def _give_back_heap_when_idle(self) -> None:
-        """Once no stream is left, the heap that their calls freed goes back to the system (glibc keeps
-        it otherwise: about 100 MiB after eight 0.6B streams): on the prompt thread, as it takes ~10 ms,
-        once the codec lanes' last calls are done."""
-        if self._heap_used and not (self._active or self._waiting or self._waiting_text) and self._prompt_pool:
-            self._heap_used = False
-            lanes_done = [lane.submit(lambda: None) for lane in self._codec_lanes]
-            self._prompt_pool.submit(lambda: (wait(lanes_done, timeout=30), heap.release_freed_heap()))
+        """Once no stream is left and the codec lanes' last calls have been done for IDLE_TRIM_S, the heap
+        that the streams' calls freed goes back to the system (glibc keeps it otherwise: about 100 MiB
+        after eight 0.6B streams), on the prompt thread (it takes ~10 ms). Not at once: a request that
+        follows at once would fault those pages in again before its first audio."""
+        if not self._heap_used or self._active or self._waiting or self._waiting_text or not self._prompt_pool:
+            self._lanes_drained = self._idle_since = None
+            return
+        if self._lanes_drained is None:
+            self._lanes_drained = [lane.submit(lambda: None) for lane in self._codec_lanes]
+        if not all(done.done() for done in self._lanes_drained):
+            return
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        if now - self._idle_since >= IDLE_TRIM_S:
+            self._heap_used, self._lanes_drained, self._idle_since = False, None, None
+            self._prompt_pool.submit(heap.release_freed_heap)
 
     def _sweep_waiting(self) -> None:
         """End cancelled waiting streams; move live streams whose first token came into the queue."""

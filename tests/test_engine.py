@@ -375,10 +375,11 @@ def test_waiting_live_streams_warm_no_more_prefixes_than_the_cache_holds(convert
 
 
 def test_an_idle_engine_gives_the_freed_heap_back_once(converted_factory, monkeypatch):
-    """Once the last stream is done (and the overlapped codec's last call), the engine trims the heap,
-    once per busy spell, not while streams run and not again while it stays idle."""
-    from qwen3_tts_gguf import heap
+    """Once the last stream is done (and the overlapped codec's last call) and the engine has stayed idle
+    for a while, it trims the heap: once per busy spell, not while streams run, not again while idle."""
+    from qwen3_tts_gguf import heap, scheduler
 
+    monkeypatch.setattr(scheduler, "IDLE_TRIM_S", 0.3)
     model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(max_streams=2, threads=2))
     assert model.codec_overlap
     trims = []
@@ -390,6 +391,6 @@ def test_an_idle_engine_gives_the_freed_heap_back_once(converted_factory, monkey
             assert len(list(stream)) > 0
             wait_until(lambda: len(trims) == n, "the heap given back")
             assert trims[-1] == (0, n)
-        time.sleep(0.6)  # idle: the worker woke at least twice more
+        time.sleep(1.0)  # idle past IDLE_TRIM_S again: the worker woke several times more
         assert len(trims) == 2
     model.close()
