@@ -458,14 +458,20 @@ def _busy(progress, log, step, plan: dict, threads: int, official: bool) -> dict
                         official=official, timeout_s=plan["busy_timeout_s"], step=step)
 
 
-def _headline_model(threads: int, log, shape: str | None = None) -> tuple[Path, Path]:
-    """The checkpoint and converted folder of the headline configuration (busy.HEADLINE: 0.6B, or `shape`)."""
-    from . import busy, prepare
+def _converted_model(threads: int, log, shape: str, quant: str, cp: str) -> tuple[Path, Path]:
+    """The checkpoint of `shape` and its folder converted to talker `quant`, code predictor `cp`."""
+    from . import prepare
 
-    headline, quant, cp = busy.HEADLINE
-    shape = shape or headline
     ckpt, _ = prepare.ensure_checkpoint(shape, log)
     return ckpt, prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
+
+
+def _headline_model(threads: int, log, shape: str | None = None) -> tuple[Path, Path]:
+    """The checkpoint and converted folder of the headline configuration (busy.HEADLINE: 0.6B, or `shape`)."""
+    from . import busy
+
+    headline, quant, cp = busy.HEADLINE
+    return _converted_model(threads, log, shape or headline, quant, cp)
 
 
 LEAN_MEMORY = ("fast", "q4_0")
@@ -477,14 +483,12 @@ def _memory(progress, threads: int, shapes: list[str]) -> dict:
     (LEAN_MEMORY), and the other shapes in `shapes` (the default KV cache only)."""
     from qwen3_tts_gguf.convert.presets import PRESETS
 
-    from . import memory, prepare
+    from . import memory
 
     _, folder = _headline_model(threads, progress.bar.write)
     block = memory.measure(progress, str(folder), threads, frames=MEMORY_FRAMES)
     preset, kv = LEAN_MEMORY
-    ckpt, _ = prepare.ensure_checkpoint("0.6b", progress.bar.write)
-    lean = prepare.ensure_converted(ckpt, "0.6b", PRESETS[preset].quant, PRESETS[preset].cp_precision, threads,
-                                    progress.bar.write)
+    _, lean = _converted_model(threads, progress.bar.write, "0.6b", PRESETS[preset].quant, PRESETS[preset].cp_precision)
     others = block.setdefault("shapes", {})
     others[f"0.6b --preset {preset}"] = memory.measure(progress, str(lean), threads, frames=MEMORY_FRAMES,
                                                        kv_caches=(kv,))

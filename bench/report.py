@@ -1010,8 +1010,7 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
         w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{lean_verdict} with {_config_words(label)} "
           f"and KV cache {lean_kv}** ({lean_peak:.0f} MiB, `{model}`, in the table below); with the default "
           f"weights **{verdict}** ({best:.0f} MiB, KV cache {best_kv}).\n")
-        verdict = None
-    if verdict:
+    else:
         w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{verdict}** ({best:.0f} MiB, KV cache {best_kv}).\n")
     if best > MEMORY_TARGET_MB:
         w(f"Where the default configuration's memory goes: the three graphs' weights alone take {weights:.0f} MiB "

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .chunking import ChunkPlan
 from . import heap
+from .chunking import ChunkPlan
 from .codec import CodecState
 from .model import LoadedModel
 from .prompt import ContextLengthExceeded, Prompt, PromptError
