@@ -5,7 +5,7 @@ from which blocks are mapped on their own (its dynamic mmap threshold, up to 32 
 Runtime calls' activations (a codec call's are tens of MiB) then stay in the heaps of every thread
 that ran one: with eight streams about 250 MiB more at the peak than is ever in use at once. A fixed
 threshold of 1 MiB maps those blocks and unmaps them when freed, for no measured loss of speed
-(`python -m bench.experiments malloc`, 2026-12-01 22:30-22:36, side by side: 0.6B default preset,
+(`python -m bench.experiments malloc`, 2026-12-01 22:27-22:36, side by side: 0.6B default preset,
 eight streams' RTF 0.87 -> 0.85, peak 2212 -> 1955 MiB; `--preset fast` with KV cache q4_0 0.81 ->
 0.82, 1756 -> 1503 MiB). At 128 KiB the page faults of every mid-sized block cost eight streams
 about 15 % (0.86 -> 0.99, 20:47). Nothing happens where there is no glibc.
