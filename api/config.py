@@ -80,15 +80,17 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool = True) -> EngineSettings:
     """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
     --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap, --codec-threads,
-    --heap-map-threshold). The device settings are checked
+    --heap-map-threshold, --codec-runtime). The device settings are checked
     against this installation (`qwen3_tts_gguf.devices`): ValueError (DeviceError) when GPU layers are
     asked of a llama.cpp without a GPU backend or device, or --device names a provider not installed;
     the resolved plan is logged."""
     gpu_layers, device = getattr(args, "gpu_layers", 0) or 0, getattr(args, "device", None) or "cpu"
+    codec_runtime = getattr(args, "codec_runtime", None) or EngineSettings.codec_runtime
     if check_devices:
         from qwen3_tts_gguf.devices import check_device_settings
 
-        logging.getLogger("api.server").info("devices: %s", check_device_settings(gpu_layers, device))
+        plan = check_device_settings(gpu_layers, device, codec_runtime, args.deterministic)
+        logging.getLogger("api.server").info("devices: %s", plan)
     return EngineSettings(threads=args.threads, max_streams=args.max_streams, max_pending=args.max_queue,
                           max_pending_live=args.max_live_waiting, max_buffered_audio_s=args.max_buffered_audio_s,
                           deterministic=args.deterministic, gpu_layers=gpu_layers, device=device,
@@ -96,4 +98,5 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
                           n_ctx=getattr(args, "n_ctx", None) or 0,
                           codec_overlap=not getattr(args, "no_codec_overlap", False),
                           codec_threads=getattr(args, "codec_threads", None) or 0,
-                          heap_map_threshold=getattr(args, "heap_map_threshold", EngineSettings.heap_map_threshold))
+                          heap_map_threshold=getattr(args, "heap_map_threshold", EngineSettings.heap_map_threshold),
+                          codec_runtime=codec_runtime)

@@ -203,7 +203,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     profile = _find_profile(args.voice, args.voices_dir, args.model)
     folder = args.model or (model_for_profile(profile) if profile else resolve_model_dir(None))
     try:
-        print(check_device_settings(args.gpu_layers, args.device), file=sys.stderr)
+        print(check_device_settings(args.gpu_layers, args.device, args.codec_runtime), file=sys.stderr)
     except DeviceError as e:
         raise CliError(str(e)) from e
     try:
@@ -211,7 +211,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                                                    gpu_layers=args.gpu_layers, kv_cache=args.kv_cache,
                                                    n_ctx=args.n_ctx or 0, codec_overlap=not args.no_codec_overlap,
                                                    codec_threads=args.codec_threads or 0,
-                                                   heap_map_threshold=args.heap_map_threshold))
+                                                   heap_map_threshold=args.heap_map_threshold,
+                                                   codec_runtime=args.codec_runtime))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -335,6 +336,7 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     from .devices import ONNX_DEVICES, parse_gpu_layers
     from .heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD
     from .model import KV_CELLS_PER_STREAM, MIN_KV_CELLS
+    from .openvino_session import RUNTIMES as CODEC_RUNTIMES
     from .talker import KV_CACHE_TYPES
 
     p.add_argument("--device", choices=ONNX_DEVICES, default="cpu",
@@ -359,6 +361,10 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                    help="threads of one overlapped codec call (default: --threads): fewer run several streams' "
                         "calls side by side, in a lane each: more throughput with many streams, later first audio "
                         "(docs/benchmarks.md, Codec overlap)")
+    p.add_argument("--codec-runtime", choices=CODEC_RUNTIMES, default="onnxruntime",
+                   help="what runs the codec: openvino (pip install openvino; CPU only, not with --deterministic) "
+                        "decodes about a quarter faster than ONNX Runtime but keeps about 0.5 GiB more in memory "
+                        "(docs/benchmarks.md, Codec precision; default %(default)s)")
     p.add_argument("--heap-map-threshold", type=_number(int, 0, MAX_MAP_THRESHOLD), default=MAP_THRESHOLD,
                    metavar="BYTES",
                    help="blocks of at least this size are mapped on their own and unmapped when freed (glibc): "

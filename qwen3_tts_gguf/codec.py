@@ -55,13 +55,23 @@ def split_states(state: CodecState) -> list[CodecState]:
 
 
 class CodecDecoder:
-    """The codec decoder ONNX graph behind an ONNX Runtime session."""
+    """The codec decoder ONNX graph behind an ONNX Runtime session, or compiled by OpenVINO
+    (`runtime="openvino"`: openvino_session.py). `lanes`: calls that may run at once (OpenVINO
+    sizes its streams by it; ONNX Runtime sessions take concurrent calls as they are)."""
 
     def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu",
-                 max_call_frames: int = MAX_CALL_FRAMES):
-        self.session = make_session(path, threads=threads, device=device)
+                 max_call_frames: int = MAX_CALL_FRAMES, runtime: str = "onnxruntime", lanes: int = 1):
+        if runtime == "openvino":
+            from .cpus import default_threads
+            from .openvino_session import OpenVINOSession, graph_metadata
+
+            self.session = OpenVINOSession(path, threads=default_threads(threads), streams=lanes)
+            meta = graph_metadata(path)
+        else:
+            self.session = make_session(path, threads=threads, device=device)
+            meta = self.session.get_modelmeta().custom_metadata_map
+        self.runtime = runtime
         self.max_call_frames = max_call_frames
-        meta = self.session.get_modelmeta().custom_metadata_map
         self.state_specs: list[tuple[str, tuple[int, ...], np.dtype]] = [
             (d["name"], tuple(d["shape"]), np.dtype(d["dtype"])) for d in json.loads(meta["states"])
         ]

@@ -209,20 +209,24 @@ def check_gpu_layers(gpu_layers: int, runtime: LlamaRuntime | None = None) -> No
                           f"no GPU device{_no_gpu_hint()}")
 
 
-def check_device_settings(gpu_layers: int, device: str) -> str:
-    """Both device settings checked at start (serve, synth): DeviceError (a ValueError) naming what is
+def check_device_settings(gpu_layers: int, device: str, codec_runtime: str = "onnxruntime",
+                          deterministic: bool = False) -> str:
+    """The device settings checked at start (serve, synth): DeviceError (a ValueError) naming what is
     missing; otherwise one line saying where the work will run."""
     from .onnx_session import OnnxDeviceError, resolve_device
+    from .openvino_session import CodecRuntimeError, check_codec_runtime
 
     check_gpu_layers(gpu_layers)
     try:
         onnx = resolve_device(device)
-    except OnnxDeviceError as e:
+        codec = check_codec_runtime(codec_runtime, device, deterministic)
+    except (OnnxDeviceError, CodecRuntimeError) as e:
         raise DeviceError(str(e)) from e
-    return describe_plan(gpu_layers, onnx.provider + (f" ({onnx.reason})" if onnx.reason else ""))
+    return describe_plan(gpu_layers, onnx.provider + (f" ({onnx.reason})" if onnx.reason else ""), codec=codec)
 
 
-def describe_plan(gpu_layers: int, onnx_provider: str, runtime: LlamaRuntime | None = None) -> str:
+def describe_plan(gpu_layers: int, onnx_provider: str, runtime: LlamaRuntime | None = None, codec: str = "") -> str:
+    """Where each stage runs, in one line; `codec`: the codec's own words when it does not run on ONNX Runtime."""
     if not gpu_layers:
         talker = "talker on the CPU"
     else:
@@ -230,6 +234,8 @@ def describe_plan(gpu_layers: int, onnx_provider: str, runtime: LlamaRuntime | N
         names = ", ".join(f"{d.name} ({d.description})" for d in rt.gpu_devices) or "no GPU device"
         layers = "all layers" if gpu_layers == GPU_LAYERS_ALL else f"{gpu_layers} layers"
         talker = f"talker: {layers} on {names}"
+    if codec:
+        return f"{talker}; code predictor on {onnx_provider}; {codec}"
     return f"{talker}; code predictor and codec on {onnx_provider}"
 
 

@@ -43,6 +43,7 @@ class EngineSettings:
     prefix_cache: int = 4  # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic)
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
     heap_map_threshold: int = MAP_THRESHOLD  # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
+    codec_runtime: str = "onnxruntime"  # or "openvino": faster codec, more memory (openvino_session.py; CPU, not deterministic)
 
     @property
     def overlaps_codec(self) -> bool:
@@ -97,7 +98,8 @@ class LoadedModel:
         self.codec_overlap = settings.overlaps_codec
         try:
             self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads.predictor, device=settings.device)
-            self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device)
+            self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device,
+                                      runtime=settings.codec_runtime, lanes=threads.codec_lanes)
         except Exception as e:  # onnxruntime raises its own exception types for corrupt graphs
             self.talker.close()
             raise ModelFolderError(f"{self.folder}: cannot load the ONNX graphs ({e})") from e

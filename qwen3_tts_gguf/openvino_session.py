@@ -1,0 +1,92 @@
+"""The codec graph on OpenVINO's CPU runtime instead of ONNX Runtime (`--codec-runtime openvino`).
+
+The same ONNX file, compiled by OpenVINO (oneDNN kernels): its convolutions are faster on x86 than
+ONNX Runtime's and its chains of elementwise ops (the Snakes) run fused. 0.6B codec, 2 cores, 48 frames
+in the engine's chunks (2026-12-02, docs/benchmarks.md, Codec precision): about a quarter less time per
+frame, samples within fp32 rounding of ONNX Runtime's (SNR about 80 dB). The price is memory: the
+compiled graph keeps its own copies of the weights in the layouts its kernels want (about 0.5 GiB more
+resident than ONNX Runtime's session, more at the first calls of each chunk length). Opt-in, CPU only,
+never in the parity profile (`--deterministic` keeps ONNX Runtime's exact path).
+
+Precision is pinned to f32: on CPUs with AVX-512 BF16 or AMX, OpenVINO's default is bf16, which the
+codec does not survive (SNR 24 dB on random weights).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+
+import numpy as np
+
+RUNTIMES = ("onnxruntime", "openvino")
+"""What `--codec-runtime` accepts."""
+
+
+class CodecRuntimeError(ValueError):
+    """A codec runtime this installation or these settings cannot use (one line at start)."""
+
+
+def openvino_installed() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool = False) -> str:
+    """CodecRuntimeError when `runtime` cannot run here with these settings; else a few words for the
+    start-up plan ("" for ONNX Runtime, which `--device` already describes)."""
+    if runtime not in RUNTIMES:
+        raise CodecRuntimeError(f"--codec-runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    if runtime == "onnxruntime":
+        return ""
+    if not openvino_installed():
+        raise CodecRuntimeError("--codec-runtime openvino: the openvino package is not installed "
+                                "(pip install openvino; docs/benchmarks.md, Codec precision)")
+    if device != "cpu":
+        raise CodecRuntimeError(f"--codec-runtime openvino runs the codec on the CPU; --device {device} asks "
+                                "ONNX Runtime for another device: drop one of them")
+    if deterministic:
+        raise CodecRuntimeError("--codec-runtime openvino is not bit-exact; --deterministic (the parity profile) "
+                                "keeps ONNX Runtime's codec")
+    import openvino
+
+    return f"codec on OpenVINO {openvino.__version__.split('-')[0]} (CPU, f32)"
+
+
+def graph_metadata(path: str | Path) -> dict[str, str]:
+    """The ONNX file's metadata_props (what ONNX Runtime calls custom_metadata_map), weights not read."""
+    import onnx
+
+    return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+
+
+class OpenVINOSession:
+    """An ONNX graph compiled by OpenVINO for the CPU, called like an ONNX Runtime session
+    (`run(output_names, feeds)`). `threads` per call; `streams` calls may run at once (one infer
+    request per calling thread), as the engine's codec lanes do."""
+
+    def __init__(self, path: str | Path, *, threads: int, streams: int = 1):
+        import openvino as ov
+
+        config = {
+            "INFERENCE_PRECISION_HINT": "f32",  # see the module docstring
+            "INFERENCE_NUM_THREADS": threads * streams,  # OpenVINO counts the threads of all its streams
+            "NUM_STREAMS": streams,
+            "PERFORMANCE_HINT": "LATENCY",
+            "ENABLE_CPU_PINNING": False,  # the cores are shared with llama.cpp and the code predictor
+        }
+        self._compiled = ov.Core().compile_model(str(path), "CPU", config)
+        self._port = {}  # output name -> index in the compiled model's outputs
+        for i, port in enumerate(self._compiled.outputs):
+            for name in port.get_names():
+                self._port[name] = i
+        self._local = threading.local()
+
+    def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        request = getattr(self._local, "request", None)
+        if request is None:  # an infer request is not thread-safe: one per calling thread
+            request = self._local.request = self._compiled.create_infer_request()
+        request.infer(feeds)
+        # copies: the request reuses its output buffers on the next call
+        return [np.array(request.get_output_tensor(self._port[name]).data) for name in output_names]
+

@@ -1,0 +1,136 @@
+"""The codec on OpenVINO (`--codec-runtime openvino`): the same graph file, another runtime.
+
+Not bit-exact (its kernels sum in other orders), so it is held to agreement, not to the fp32 bar of
+test_codec_graph.py: every chunking within OV_TOL of the official whole-utterance decoder and an SNR of
+at least OV_MIN_SNR_DB against it. Then: concurrent calls (the engine's codec lanes) give what calls
+one after the other give, the engine speaks through it with the same codes as with ONNX Runtime, and
+the settings it cannot honour are refused at start."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from qwen3_tts_gguf.checkpoint import Checkpoint
+from qwen3_tts_gguf.codec import CodecDecoder
+from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
+from qwen3_tts_gguf.convert.onnx_builder import save_model
+from qwen3_tts_gguf.openvino_session import CodecRuntimeError, check_codec_runtime
+from tests.test_codec_graph import official_decoder, official_wav, stream
+from tests.test_devices import run_cli
+
+OV_TOL = 1e-3  # measured up to 1.6e-4 against ONNX Runtime on the 0.6B codec (random weights)
+OV_MIN_SNR_DB = 60.0  # measured about 80 dB there
+T = 24
+
+
+def snr_db(x: np.ndarray, ref: np.ndarray) -> float:
+    return float(10 * np.log10(np.mean(ref ** 2) / max(np.mean((x - ref) ** 2), 1e-30)))
+
+
+@pytest.fixture(scope="module", params=["tiny_cv", "tiny0b6_cv_bf16"])
+def setup(request, tmp_path_factory):
+    ckpt_dir = request.getfixturevalue(request.param)
+    path = tmp_path_factory.mktemp("codec") / "codec.onnx"
+    save_model(build_codec_decoder(Checkpoint.open(ckpt_dir)), path)
+    codes = np.random.default_rng(99).integers(0, 2048, (T, 16))
+    return dict(path=path, codes=codes, ref=official_wav(official_decoder(ckpt_dir), codes))
+
+
+@pytest.mark.parametrize("schedule", [[T], [1], [3], [1, 2, 4, 8]], ids=["whole", "chunk1", "chunk3", "ramp"])
+def test_every_chunking_agrees_with_the_official_decoder(setup, schedule):
+    dec = CodecDecoder(setup["path"], threads=2, runtime="openvino", max_call_frames=64)
+    wav = stream(dec, setup["codes"], schedule)
+    assert wav.shape == setup["ref"].shape
+    assert np.abs(wav - setup["ref"]).max() < OV_TOL
+    assert snr_db(wav, setup["ref"]) > OV_MIN_SNR_DB
+    assert dec.runtime == "openvino" and dec.num_quantizers == 16 and dec.samples_per_frame == 1920
+
+
+def test_concurrent_lanes_give_what_sequential_calls_give(setup):
+    """Two streams decoded at once from two threads (two OpenVINO streams, a request per thread) ==
+    each decoded alone."""
+    dec = CodecDecoder(setup["path"], threads=1, runtime="openvino", lanes=2)
+    rng = np.random.default_rng(3)
+    utterances = [rng.integers(0, 2048, (12, 16)) for _ in range(2)]
+    alone = [stream(dec, codes, [1, 2, 4]) for codes in utterances]
+    together: list = [None, None]
+
+    def run(k):
+        together[k] = stream(dec, utterances[k], [1, 2, 4])
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(alone, together):
+        assert b is not None and np.abs(a - b).max() < 1e-6
+
+
+def test_the_engine_speaks_through_it_with_the_same_codes(tiny_cv_f32):
+    """The codes do not depend on the codec; the audio agrees with ONNX Runtime's codec."""
+    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.prompt import VoiceSpec
+    from qwen3_tts_gguf.request import SynthesisRequest
+    from qwen3_tts_gguf.scheduler import Engine
+
+    results = {}
+    for runtime in ("onnxruntime", "openvino"):
+        model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_runtime=runtime))
+        try:
+            assert model.codec.runtime == runtime
+            with Engine(model) as engine:
+                s = engine.submit(SynthesisRequest("Hello there, how are you?", VoiceSpec(speaker="vivian"),
+                                                   max_frames=20, ignore_eos=True, seed=11))
+                audio = np.concatenate([c.samples for c in s])
+                results[runtime] = (s.result.codes, audio)
+        finally:
+            model.close()
+    (codes_ort, wav_ort), (codes_ov, wav_ov) = results["onnxruntime"], results["openvino"]
+    assert np.array_equal(codes_ort, codes_ov) and len(codes_ov) == 20
+    assert wav_ov.shape == wav_ort.shape and np.abs(wav_ov - wav_ort).max() < OV_TOL
+
+
+def test_settings_it_cannot_honour_are_refused(monkeypatch):
+    assert check_codec_runtime("onnxruntime") == ""
+    assert check_codec_runtime("openvino").startswith("codec on OpenVINO ")
+    with pytest.raises(CodecRuntimeError, match="--device cuda"):
+        check_codec_runtime("openvino", device="cuda")
+    with pytest.raises(CodecRuntimeError, match="parity profile"):
+        check_codec_runtime("openvino", deterministic=True)
+    with pytest.raises(CodecRuntimeError, match="expected one of"):
+        check_codec_runtime("tensorrt")
+    monkeypatch.setattr("qwen3_tts_gguf.openvino_session.openvino_installed", lambda: False)
+    with pytest.raises(CodecRuntimeError, match="pip install openvino"):
+        check_codec_runtime("openvino")
+
+
+def test_serve_refuses_it_with_deterministic_and_synth_names_it(tiny_cv_f32, tmp_path):
+    proc = run_cli("serve", "--model", str(tmp_path / "never-loaded"), "--codec-runtime", "openvino",
+                   "--deterministic")
+    assert proc.returncode == 2 and "keeps ONNX Runtime's codec" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("serve", "--model", str(tmp_path / "never-loaded"), "--deterministic",
+                   QTTS_CODEC_RUNTIME="openvino")
+    assert proc.returncode == 2 and "keeps ONNX Runtime's codec" in proc.stderr, proc.stderr
+    out = tmp_path / "a.wav"
+    proc = run_cli("synth", "Hello.", "--model", str(tiny_cv_f32), "--codec-runtime", "openvino",
+                   "--max-frames", "6", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "code predictor on CPUExecutionProvider; codec on OpenVINO" in proc.stderr and out.stat().st_size > 44
+
+
+def test_the_flag_reaches_the_engine_settings_from_serve_and_synth(monkeypatch):
+    from api.config import engine_settings_from_args
+    from qwen3_tts_gguf.cli import build_parser
+
+    serve = build_parser().parse_args(["serve", "--codec-runtime", "openvino"])
+    assert engine_settings_from_args(serve, check_devices=False).codec_runtime == "openvino"
+    default = build_parser().parse_args(["serve"])
+    assert engine_settings_from_args(default, check_devices=False).codec_runtime == "onnxruntime"
+    assert build_parser().parse_args(["synth", "hi", "--codec-runtime", "openvino"]).codec_runtime == "openvino"
+    monkeypatch.setenv("QTTS_CODEC_RUNTIME", "openvino")
+    assert engine_settings_from_args(build_parser().parse_args(["serve"]), check_devices=False).codec_runtime == "openvino"
