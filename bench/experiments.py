@@ -1,7 +1,7 @@
 """Prototypes of engine changes, measured on the benchmark models (not part of `python -m bench`).
 
     python -m bench.experiments engine-knobs [--rounds 6]   # llama.cpp repack, OMP wait, threads
-    python -m bench.experiments codec-overlap [--rounds 6]  # codec inline vs overlapped, both ways
+    python -m bench.experiments codec-overlap [--rounds 6]  # codec inline vs overlapped, both ways, and on OpenVINO
     python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
     python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
@@ -59,14 +59,17 @@ OVERLAP_VARIANTS = {
     "codec overlapped, one call at a time on every core (default)": {"codec_overlap": True},
     "codec overlapped, calls of 1 thread in parallel lanes (`--codec-threads 1`)":
         {"codec_overlap": True, "codec_threads": 1},
+    "codec overlapped, on OpenVINO (`--codec-runtime openvino`)": {"codec_overlap": True, "codec_runtime": "openvino"},
 }
 
 
 def codec_overlap(args) -> dict:
     """The codec on the engine thread against the codec on threads of its own (cpus.stage_threads):
-    one call at a time on every core, or calls of one thread in lanes side by side."""
+    one call at a time on every core, or calls of one thread in lanes side by side; and overlapped on
+    OpenVINO instead of ONNX Runtime (openvino_session.py)."""
     base = dict(_session_base(args), threads=args.threads)
-    return _compare(args, {name: (dict(base, engine=v), {}) for name, v in OVERLAP_VARIANTS.items()})
+    return _compare(args, {name: (dict(base, engine=dict(base.get("engine", {}), **v)), {})
+                           for name, v in OVERLAP_VARIANTS.items()})
 
 
 def presets(args) -> dict:

@@ -78,13 +78,17 @@ def test_the_overlap_section_compares_the_default_with_inline():
 
     run = lambda rtf: {"rtf": rtf, "first_audio_s": 0.3}  # noqa: E731
     block = {"date": "d", "commit": "c", "threads": 2, "frames": 32, "rounds": 2, "markdown": "| table |",
-             "runs": {name: [run(a), run(b)] for name, (a, b) in zip(OVERLAP_VARIANTS, ((3.0, 3.2), (2.9, 2.9), (2.7, 2.7)))},
-             "concurrency": {name: {"aggregate_rtf": r} for name, r in zip(OVERLAP_VARIANTS, (1.8, 1.6, 1.5))}}
+             "runs": {name: [run(a), run(b)] for name, (a, b) in
+                      zip(OVERLAP_VARIANTS, ((3.0, 3.2), (2.9, 2.9), (2.7, 2.7), (2.4, 2.4)))},
+             "concurrency": {name: {"aggregate_rtf": r, "peak_rss_mb": m} for name, r, m in
+                             zip(OVERLAP_VARIANTS, (1.8, 1.6, 1.5, 1.4), (2000, 2000, 2100, 2500))}}
     text = render_overlap(block, standalone=True)
     assert "## Codec overlap" in text and "| table |" in text and "--only overlap" in text
     assert "against inline: one stream's RTF 3.10 → 2.90 (-6 %); eight streams' aggregate RTF 1.80 → 1.60 (-11 %)" in text
     assert ("(`--codec-threads 1`) against the default: one stream's RTF 2.90 → 2.70 (-7 %); eight streams' aggregate "
             "RTF 1.60 → 1.50 (-6 %); first audio 0.30 → 0.30 s") in text
+    assert ("(`--codec-runtime openvino`) against the default: one stream's RTF 2.90 → 2.40 (-17 %); eight streams' "
+            "aggregate RTF 1.60 → 1.40 (-13 %); first audio 0.30 → 0.30 s; peak RSS after eight streams 2000 → 2500 MiB") in text
     assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
 
 
@@ -93,6 +97,8 @@ def test_the_overlap_variants_name_their_settings():
     names = list(OVERLAP_VARIANTS)
     assert OVERLAP_VARIANTS[names[1]] == {"codec_overlap": True} and "(default)" in names[1]
     assert OVERLAP_VARIANTS[names[2]] == {"codec_overlap": True, "codec_threads": 1} and "--codec-threads 1" in names[2]
+    assert OVERLAP_VARIANTS[names[3]] == {"codec_overlap": True, "codec_runtime": "openvino"}
+    assert "--codec-runtime openvino" in names[3]
     assert "inline" in names[0]
 
 
