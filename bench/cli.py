@@ -504,8 +504,10 @@ def _overlap(threads: int, quiet_s: float) -> dict:
     from . import experiments, machine
 
     origin = machine.block_origin()
-    res = experiments.codec_overlap(argparse.Namespace(shape="0.6b", threads=threads, frames=OVERLAP_FRAMES,
-                                                       rounds=OVERLAP_ROUNDS, quiet_wait=quiet_s))
+    args = experiments.build_parser().parse_args(
+        ["codec-overlap", "--shape", "0.6b", "--threads", str(threads), "--frames", str(OVERLAP_FRAMES),
+         "--rounds", str(OVERLAP_ROUNDS), "--quiet-wait", str(quiet_s)])
+    res = experiments.codec_overlap(args)
     return {**origin, "threads": threads, "frames": OVERLAP_FRAMES, "rounds": OVERLAP_ROUNDS, **res}
 
 

@@ -11,8 +11,6 @@ Each variant is built here from the headline model's converted fp32 codec graph:
   model's source checkpoint;
 - OpenVINO fp32 / bf16: the converted graph itself, compiled by OpenVINO instead of ONNX Runtime
   (`--codec-runtime openvino`, f32; bf16 is OpenVINO's own default on CPUs with AVX-512 BF16).
-Each variant's resident memory is the process's growth while it loads and decodes its warm-up, the
-variants loaded one after the other in the order of the table.
 Every variant decodes the same random frames in the engine's chunks (1, 2, 4, 8, ...), rounds
 alternating; speed is ms per frame over the whole utterance, fidelity the SNR and largest sample
 difference against the fp32 graph decoding the same chunks. A variant may become the default only at
@@ -109,10 +107,6 @@ def decode_chunked(codec, codes: np.ndarray) -> tuple[np.ndarray, float]:
 
 def measure(model_dir: str, threads: int, rounds: int = 3, quiet_s: float = 0.0, progress=None) -> dict:
     """Speed (ms per frame, per round) and fidelity against fp32 of every variant."""
-    import gc
-
-    from .common import rss_mb
-
     codes = np.random.default_rng(0).integers(0, 2048, (sum(CHUNKS), 16))
     out: dict = {"frames": len(codes), "chunks": list(CHUNKS), "threads": threads, "rounds": rounds,
                  "gate_db": GATE_DB, "variants": {}}
@@ -124,15 +118,12 @@ def measure(model_dir: str, threads: int, rounds: int = 3, quiet_s: float = 0.0,
         for name, path in paths.items():
             entry = out["variants"][name] = {"changes": VARIANTS[name], "file_mb": path.stat().st_size / 2**20,
                                              "ms_per_frame": [], "background": []}
-            gc.collect()
-            before = rss_mb()
             try:
                 codecs[name] = load_variant(name, path, threads)
                 wav, _ = decode_chunked(codecs[name], codes)  # also the warm-up
             except Exception as e:  # a runtime without a kernel for this precision: reported, not fatal
                 entry["error"] = f"{type(e).__name__}: {e}"[:300]
                 continue
-            entry["resident_mb"] = rss_mb() - before
             reference = wav if reference is None else reference
             entry["snr_db"] = snr_db(wav, reference)
             entry["max_abs_diff"] = float(np.abs(wav - reference).max())
@@ -170,6 +161,5 @@ def verdict(name: str, entry: dict, reference: dict) -> str:
     if reasons:
         return "kept off: " + " and ".join(reasons)
     if name in OPT_IN:
-        more = entry.get("resident_mb", 0) - reference.get("resident_mb", 0)
-        return f"meets the gate; opt-in ({OPT_IN[name]}): {more:+.0f} MiB resident"
+        return f"meets the gate; opt-in ({OPT_IN[name]}): more memory, see *Codec overlap*"
     return "meets the gate"

@@ -350,7 +350,8 @@ EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp
                "omp-policy": omp_policy, "graphs": graphs}
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The experiments' command line (also how `python -m bench` sets up the one it runs as a block)."""
     p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", choices=tuple(EXPERIMENTS))
@@ -369,6 +370,11 @@ def main(argv=None) -> int:
                    help="cp-quant: MatMulNBits block sizes beside the converter's")
     p.add_argument("--load", choices=tuple(STRESS_ARGS),
                    help="run beside this stress-ng load (no quiet wait then)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     started = time.time()
     if args.load:

@@ -112,3 +112,24 @@ def test_the_agreement_table_shows_the_kv_cache_row():
                                                 "q4_0": {"code0_agree": 0.94, "logits_rel_rms_median": 0.071}}})
     assert "| talker q8_0, KV cache q8_0 (the default) | the same talker, KV cache f16 | 98.0 % | | 1.60 % |" in out
     assert "| talker q8_0, KV cache q4_0 | the same talker, KV cache f16 | 94.0 % | | 7.10 % |" in out
+
+
+def test_the_overlap_block_runs_the_experiment_with_its_whole_command_line(monkeypatch, tmp_path):
+    """`python -m bench --only overlap` builds the experiment's arguments with the experiments' own parser
+    (a hand-made namespace missed --preset once and the block failed before it ran)."""
+    from bench import experiments
+
+    seen = {}
+
+    def compare(args, variants):
+        seen.update(args=args, variants=variants)
+        return {"runs": {}, "concurrency": {}, "markdown": "| t |"}
+
+    monkeypatch.setattr(experiments, "_model_dir", lambda shape, quant, cp="int8": tmp_path / f"{shape}-{quant}-{cp}")
+    monkeypatch.setattr(experiments, "_compare", compare)
+    block = cli._overlap(threads=2, quiet_s=0.0)
+    assert block["markdown"] == "| t |" and seen["args"].preset == "default" and seen["args"].threads == 2
+    assert list(seen["variants"]) == list(OVERLAP_VARIANTS)
+    for name, (params, env) in seen["variants"].items():
+        assert params["model_dir"].endswith("0.6b-q8_0-int8") and params["threads"] == 2 and env == {}
+        assert params["engine"] == OVERLAP_VARIANTS[name]
