@@ -63,10 +63,10 @@ class CodecDecoder:
                  max_call_frames: int = MAX_CALL_FRAMES, runtime: str = "onnxruntime", lanes: int = 1):
         if runtime == "openvino":
             from .cpus import default_threads
-            from .openvino_session import OpenVINOSession, graph_metadata
+            from .openvino_session import OpenVINOSession
 
             self.session = OpenVINOSession(path, threads=default_threads(threads), streams=lanes)
-            meta = graph_metadata(path)
+            meta = self.session.metadata
         else:
             self.session = make_session(path, threads=threads, device=device)
             meta = self.session.get_modelmeta().custom_metadata_map

@@ -2,11 +2,12 @@
 
 The same ONNX file, compiled by OpenVINO (oneDNN kernels): its convolutions are faster on x86 than
 ONNX Runtime's and its chains of elementwise ops (the Snakes) run fused. 0.6B codec, 2 cores, 48 frames
-in the engine's chunks (2026-12-02, docs/benchmarks.md, Codec precision): about a quarter less time per
-frame, samples within fp32 rounding of ONNX Runtime's (SNR about 80 dB). The price is memory: the
-compiled graph keeps its own copies of the weights in the layouts its kernels want (about 0.5 GiB more
-resident than ONNX Runtime's session, more at the first calls of each chunk length). Opt-in, CPU only,
-never in the parity profile (`--deterministic` keeps ONNX Runtime's exact path).
+in the engine's chunks (docs/benchmarks.md, Codec precision; three runs of 2026-12-02): 0.77-0.87 of
+ONNX Runtime's time per frame, samples within fp32 rounding of ONNX Runtime's (SNR 80 dB). The price is
+memory: the compiled graph keeps its own copies of the weights in the layouts its kernels want (about
+0.5 GiB more resident than ONNX Runtime's session once loaded; the engine's peak after eight streams
+went 1932 -> 2893 MiB, Codec overlap). Opt-in, CPU only, never in the parity profile (`--deterministic`
+keeps ONNX Runtime's exact path).
 
 Precision is pinned to f32: on CPUs with AVX-512 BF16 or AMX, OpenVINO's default is bf16, which the
 codec does not survive (SNR 24 dB on random weights).
@@ -53,17 +54,11 @@ def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool =
     return f"codec on OpenVINO {openvino.__version__.split('-')[0]} (CPU, f32)"
 
 
-def graph_metadata(path: str | Path) -> dict[str, str]:
-    """The ONNX file's metadata_props (what ONNX Runtime calls custom_metadata_map), weights not read."""
-    import onnx
-
-    return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
-
-
 class OpenVINOSession:
     """An ONNX graph compiled by OpenVINO for the CPU, called like an ONNX Runtime session
     (`run(output_names, feeds)`). `threads` per call; `streams` calls may run at once (one infer
-    request per calling thread), as the engine's codec lanes do."""
+    request per calling thread), as the engine's codec lanes do. `metadata`: the file's
+    metadata_props (ONNX Runtime's custom_metadata_map)."""
 
     def __init__(self, path: str | Path, *, threads: int, streams: int = 1, precision: str = "f32"):
         import openvino as ov
@@ -75,7 +70,12 @@ class OpenVINOSession:
             "PERFORMANCE_HINT": "LATENCY",
             "ENABLE_CPU_PINNING": False,  # the cores are shared with llama.cpp and the code predictor
         }
-        self._compiled = ov.Core().compile_model(str(path), "CPU", config)
+        core = ov.Core()
+        model = core.read_model(str(path))
+        framework = model.get_rt_info()["framework"]  # where OpenVINO's ONNX reader keeps metadata_props
+        self.metadata: dict[str, str] = {key: value.astype(str) for key, value in framework.items()}
+        self._compiled = core.compile_model(model, "CPU", config)
+        del model  # the compiled model has what it needs
         self._port = {}  # output name -> index in the compiled model's outputs
         for i, port in enumerate(self._compiled.outputs):
             for name in port.get_names():
