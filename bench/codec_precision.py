@@ -45,6 +45,8 @@ VARIANTS = {  # name -> what changes
 OPENVINO_PRECISIONS = {"OpenVINO fp32": "f32", "OpenVINO bf16": "bf16"}
 OPT_IN = {"OpenVINO fp32": "`--codec-runtime openvino`"}
 """Variants the engine offers as an option: one that meets the gate stays opt-in (it costs memory)."""
+
+
 def build_variants(model_dir: Path, out_dir: Path) -> dict[str, Path]:
     """Each variant's graph file under `out_dir` (the reference is the model's own codec graph)."""
     import logging
