@@ -248,6 +248,7 @@ class Report:
     vulkan_devices: list[dict[str, str]]
     plan: dict
     problems: list[str] = field(default_factory=list)
+    codec_runtimes: dict[str, str | None] = field(default_factory=dict)  # --codec-runtime -> version, None: not installed
 
 
 def report(gpu_layers: int = 0, device: str = "cpu") -> Report:
@@ -255,6 +256,7 @@ def report(gpu_layers: int = 0, device: str = "cpu") -> Report:
     import onnxruntime as ort
 
     from .onnx_session import OnnxDeviceError, available_devices, resolve_device
+    from .openvino_session import openvino_version
 
     rt = llama_runtime()
     problems: list[str] = []
@@ -289,7 +291,8 @@ def report(gpu_layers: int = 0, device: str = "cpu") -> Report:
               "summary": describe_plan(gpu_layers, onnx_line, rt) if not problems else "refused at start",
               "env": {k: os.environ[k] for k in ("GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
                                                   "LLAMA_CPP_LIB_PATH") if k in os.environ}},
-        problems=problems)
+        problems=problems,
+        codec_runtimes={"onnxruntime": ort.__version__, "openvino": openvino_version()})
 
 
 def _size(n: int) -> str:
@@ -316,6 +319,10 @@ def format_report(r: Report) -> str:
                  + f"; auto -> {O['auto']}")
     if O["ep_devices"]:
         lines.append("  device API: " + "; ".join(O["ep_devices"]))
+    if r.codec_runtimes:
+        lines.append("--codec-runtime: " + ", ".join(
+            f"{name} {version}" if version else f"{name} not installed (pip install {name})"
+            for name, version in r.codec_runtimes.items()))
     lines.append(f"serve with --gpu-layers {r.plan['gpu_layers'] if r.plan['gpu_layers'] != GPU_LAYERS_ALL else 'all'} "
                  f"--device {r.plan['device']}: {r.plan['summary']}")
     lines += [f"problem: {p}" for p in r.problems]

@@ -33,6 +33,15 @@ def openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
+def openvino_version() -> str | None:
+    """The installed OpenVINO's version ("2026.4.1"), None when it is not installed."""
+    if not openvino_installed():
+        return None
+    import openvino
+
+    return openvino.__version__.split("-")[0]
+
+
 def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool = False) -> str:
     """CodecRuntimeError when `runtime` cannot run here with these settings; else a few words for the
     start-up plan ("" for ONNX Runtime, which `--device` already describes)."""
@@ -49,9 +58,7 @@ def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool =
     if deterministic:
         raise CodecRuntimeError("--codec-runtime openvino is not bit-exact; --deterministic (the parity profile) "
                                 "keeps ONNX Runtime's codec")
-    import openvino
-
-    return f"codec on OpenVINO {openvino.__version__.split('-')[0]} (CPU, f32)"
+    return f"codec on OpenVINO {openvino_version()} (CPU, f32)"
 
 
 class OpenVINOSession:

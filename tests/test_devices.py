@@ -222,13 +222,17 @@ def test_doctor_reports_backends_providers_and_the_default_plan():
     assert "llama.cpp (llama-cpp-python 0.3.36" in out and "backends: " in out and "device CPU: cpu" in out
     assert ("GPU backend: none" in out) != GPU_BUILD
     assert "ONNX Runtime" in out and "CPUExecutionProvider" in out and "auto ->" in out
+    from qwen3_tts_gguf.openvino_session import openvino_version
+
+    openvino = f"openvino {openvino_version()}" if openvino_version() else "openvino not installed (pip install openvino)"
+    assert f"--codec-runtime: onnxruntime {ort.__version__}, {openvino}" in out
     assert "serve with --gpu-layers 0 --device cpu: talker on the CPU; code predictor and codec on CPUExecutionProvider" \
         in out
     proc = run_cli("doctor", "--json", "--device", "auto")
     report = json.loads(proc.stdout)
     assert report["llama"]["backends"][0] and report["llama"]["devices"][0]["kind"] in ("cpu", "gpu", "igpu", "accel")
     assert report["onnx"]["devices"]["cpu"] is True and report["plan"]["device"] == "auto"
-    assert report["problems"] == []
+    assert report["problems"] == [] and report["codec_runtimes"]["onnxruntime"] == ort.__version__
 
 
 @CPU_BUILD_ONLY
