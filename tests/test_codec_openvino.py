@@ -134,3 +134,39 @@ def test_the_flag_reaches_the_engine_settings_from_serve_and_synth(monkeypatch):
     assert build_parser().parse_args(["synth", "hi", "--codec-runtime", "openvino"]).codec_runtime == "openvino"
     monkeypatch.setenv("QTTS_CODEC_RUNTIME", "openvino")
     assert engine_settings_from_args(build_parser().parse_args(["serve"]), check_devices=False).codec_runtime == "openvino"
+
+
+def test_two_streams_in_two_lanes_speak_as_they_do_on_onnx_runtime(tiny_cv_f32):
+    """Codec calls of one thread in two lanes (`--codec-threads 1`: two OpenVINO streams), two requests
+    at once: each stream's audio agrees with the same request's on ONNX Runtime."""
+    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.prompt import VoiceSpec
+    from qwen3_tts_gguf.request import SynthesisRequest
+    from qwen3_tts_gguf.scheduler import Engine
+
+    audio = {}
+    for runtime in ("onnxruntime", "openvino"):
+        model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_threads=1,
+                                                        codec_runtime=runtime))
+        try:
+            assert model.stage_threads.codec_lanes == 2
+            with Engine(model) as engine:
+                streams = [engine.submit(SynthesisRequest(text, VoiceSpec(speaker="vivian"), max_frames=16,
+                                                          ignore_eos=True, seed=5 + k))
+                           for k, text in enumerate(("One stream here.", "And another one there."))]
+                got: list = [None, None]
+
+                def read(k):
+                    got[k] = np.concatenate([c.samples for c in streams[k]])
+
+                readers = [threading.Thread(target=read, args=(k,)) for k in range(2)]
+                for r in readers:
+                    r.start()
+                for r in readers:
+                    r.join()
+                audio[runtime] = got
+        finally:
+            model.close()
+    for ort_wav, ov_wav in zip(audio["onnxruntime"], audio["openvino"]):
+        assert ov_wav is not None and ov_wav.shape == ort_wav.shape == (16 * 1920,)
+        assert np.abs(ov_wav - ort_wav).max() < OV_TOL
