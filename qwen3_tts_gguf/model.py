@@ -9,6 +9,7 @@ from .cpus import StageThreads, default_threads, stage_threads
 from .heap import MAP_THRESHOLD, map_large_blocks, release_freed_heap
 from .manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFolderError, load_manifest
 from .manifest import TEXT_TABLES_FILE as TEXT_TABLES
+from .openvino_session import check_codec_runtime
 from .prompt import PromptBuilder
 from .tokenizer import TextTokenizer
 
@@ -86,6 +87,9 @@ class LoadedModel:
 
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
+        # as the talker re-checks its GPU layers: what the start-up check refuses (CodecRuntimeError), an
+        # engine built without that check refuses too, before loading anything
+        check_codec_runtime(settings.codec_runtime, settings.device, settings.deterministic)
         map_large_blocks(settings.heap_map_threshold)  # before the graphs allocate (process-wide)
         try:
             self.tokenizer = TextTokenizer(self.folder, self.manifest.tokenizer["pretokenizer"])

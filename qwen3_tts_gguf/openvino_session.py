@@ -49,7 +49,8 @@ def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool =
         raise CodecRuntimeError(f"--codec-runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
     if runtime == "onnxruntime":
         return ""
-    if not openvino_installed():
+    version = openvino_version()
+    if version is None:
         raise CodecRuntimeError("--codec-runtime openvino: the openvino package is not installed "
                                 "(pip install openvino; docs/benchmarks.md, Codec precision)")
     if device != "cpu":
@@ -58,7 +59,7 @@ def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool =
     if deterministic:
         raise CodecRuntimeError("--codec-runtime openvino is not bit-exact; --deterministic (the parity profile) "
                                 "keeps ONNX Runtime's codec")
-    return f"codec on OpenVINO {openvino_version()} (CPU, f32)"
+    return f"codec on OpenVINO {version} (CPU, f32)"
 
 
 class OpenVINOSession:
@@ -96,4 +97,3 @@ class OpenVINOSession:
         request.infer(feeds)
         # copies: the request reuses its output buffers on the next call
         return [np.array(request.get_output_tensor(self._port[name]).data) for name in output_names]
-

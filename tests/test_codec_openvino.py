@@ -13,6 +13,7 @@ import threading
 import numpy as np
 import pytest
 
+from bench.codec_precision import snr_db
 from qwen3_tts_gguf.checkpoint import Checkpoint
 from qwen3_tts_gguf.codec import CodecDecoder
 from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
@@ -24,10 +25,6 @@ from tests.test_devices import run_cli
 OV_TOL = 1e-3  # measured up to 1.6e-4 against ONNX Runtime on the 0.6B codec (random weights)
 OV_MIN_SNR_DB = 60.0  # measured about 80 dB there
 T = 24
-
-
-def snr_db(x: np.ndarray, ref: np.ndarray) -> float:
-    return float(10 * np.log10(np.mean(ref ** 2) / max(np.mean((x - ref) ** 2), 1e-30)))
 
 
 @pytest.fixture(scope="module", params=["tiny_cv", "tiny0b6_cv_bf16"])
@@ -70,26 +67,42 @@ def test_concurrent_lanes_give_what_sequential_calls_give(setup):
         assert b is not None and np.abs(a - b).max() < 1e-6
 
 
-def test_the_engine_speaks_through_it_with_the_same_codes(tiny_cv_f32):
-    """The codes do not depend on the codec; the audio agrees with ONNX Runtime's codec."""
+def speak(model_dir, runtime: str, texts: list[str], frames: int, lanes: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(codes, audio) of each text, all submitted at once to an engine on 2 threads whose codec runs on
+    `runtime` (in two lanes of one thread each: `--codec-threads 1`, or one lane), read side by side
+    (seeds 5, 6, ...)."""
     from qwen3_tts_gguf.model import EngineSettings, LoadedModel
     from qwen3_tts_gguf.prompt import VoiceSpec
     from qwen3_tts_gguf.request import SynthesisRequest
     from qwen3_tts_gguf.scheduler import Engine
 
-    results = {}
-    for runtime in ("onnxruntime", "openvino"):
-        model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_runtime=runtime))
-        try:
-            assert model.codec.runtime == runtime
-            with Engine(model) as engine:
-                s = engine.submit(SynthesisRequest("Hello there, how are you?", VoiceSpec(speaker="vivian"),
-                                                   max_frames=20, ignore_eos=True, seed=11))
-                audio = np.concatenate([c.samples for c in s])
-                results[runtime] = (s.result.codes, audio)
-        finally:
-            model.close()
-    (codes_ort, wav_ort), (codes_ov, wav_ov) = results["onnxruntime"], results["openvino"]
+    model = LoadedModel(model_dir, EngineSettings(threads=2, max_streams=2, codec_runtime=runtime,
+                                                  codec_threads=1 if lanes > 1 else 0))
+    try:
+        assert model.codec.runtime == runtime and model.stage_threads.codec_lanes == lanes
+        with Engine(model) as engine:
+            streams = [engine.submit(SynthesisRequest(text, VoiceSpec(speaker="vivian"), max_frames=frames,
+                                                      ignore_eos=True, seed=5 + k)) for k, text in enumerate(texts)]
+            got: list = [None] * len(streams)
+
+            def read(k):
+                audio = np.concatenate([c.samples for c in streams[k]])
+                got[k] = (streams[k].result.codes, audio)
+
+            readers = [threading.Thread(target=read, args=(k,)) for k in range(len(streams))]
+            for r in readers:
+                r.start()
+            for r in readers:
+                r.join()
+        return got
+    finally:
+        model.close()
+
+
+def test_the_engine_speaks_through_it_with_the_same_codes(tiny_cv_f32):
+    """The codes do not depend on the codec; the audio agrees with ONNX Runtime's codec."""
+    [(codes_ort, wav_ort)] = speak(tiny_cv_f32, "onnxruntime", ["Hello there, how are you?"], 20)
+    [(codes_ov, wav_ov)] = speak(tiny_cv_f32, "openvino", ["Hello there, how are you?"], 20)
     assert np.array_equal(codes_ort, codes_ov) and len(codes_ov) == 20
     assert wav_ov.shape == wav_ort.shape and np.abs(wav_ov - wav_ort).max() < OV_TOL
 
@@ -139,34 +152,19 @@ def test_the_flag_reaches_the_engine_settings_from_serve_and_synth(monkeypatch):
 def test_two_streams_in_two_lanes_speak_as_they_do_on_onnx_runtime(tiny_cv_f32):
     """Codec calls of one thread in two lanes (`--codec-threads 1`: two OpenVINO streams), two requests
     at once: each stream's audio agrees with the same request's on ONNX Runtime."""
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-    from qwen3_tts_gguf.prompt import VoiceSpec
-    from qwen3_tts_gguf.request import SynthesisRequest
-    from qwen3_tts_gguf.scheduler import Engine
-
-    audio = {}
-    for runtime in ("onnxruntime", "openvino"):
-        model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_threads=1,
-                                                        codec_runtime=runtime))
-        try:
-            assert model.stage_threads.codec_lanes == 2
-            with Engine(model) as engine:
-                streams = [engine.submit(SynthesisRequest(text, VoiceSpec(speaker="vivian"), max_frames=16,
-                                                          ignore_eos=True, seed=5 + k))
-                           for k, text in enumerate(("One stream here.", "And another one there."))]
-                got: list = [None, None]
-
-                def read(k):
-                    got[k] = np.concatenate([c.samples for c in streams[k]])
-
-                readers = [threading.Thread(target=read, args=(k,)) for k in range(2)]
-                for r in readers:
-                    r.start()
-                for r in readers:
-                    r.join()
-                audio[runtime] = got
-        finally:
-            model.close()
-    for ort_wav, ov_wav in zip(audio["onnxruntime"], audio["openvino"]):
-        assert ov_wav is not None and ov_wav.shape == ort_wav.shape == (16 * 1920,)
+    texts = ["One stream here.", "And another one there."]
+    on_ort = speak(tiny_cv_f32, "onnxruntime", texts, 16, lanes=2)
+    on_ov = speak(tiny_cv_f32, "openvino", texts, 16, lanes=2)
+    for (_, ort_wav), (_, ov_wav) in zip(on_ort, on_ov):
+        assert ov_wav.shape == ort_wav.shape == (16 * 1920,)
         assert np.abs(ov_wav - ort_wav).max() < OV_TOL
+
+
+def test_an_engine_built_without_the_start_up_check_refuses_too(tiny_cv_f32):
+    """LoadedModel itself refuses what `check_device_settings` refuses at start, before loading."""
+    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+
+    with pytest.raises(CodecRuntimeError, match="parity profile"):
+        LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, deterministic=True, codec_runtime="openvino"))
+    with pytest.raises(CodecRuntimeError, match="expected one of"):
+        LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, codec_runtime="openvno"))
