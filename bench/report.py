@@ -1088,7 +1088,7 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
         if fa and fb:
             line += f"; first audio {fa:.2f} → {fb:.2f} s"
         pa, pb = ((conc.get(x) or {}).get("peak_rss_mb") for x in (before, after))
-        if after == openvino and pa and pb:
+        if pa and pb:
             line += f"; peak RSS after eight streams {pa:.0f} → {pb:.0f} MiB"
         w(line + ".")
     w("")

@@ -86,7 +86,7 @@ def test_the_overlap_section_compares_the_default_with_inline():
     assert "## Codec overlap" in text and "| table |" in text and "--only overlap" in text
     assert "against inline: one stream's RTF 3.10 → 2.90 (-6 %); eight streams' aggregate RTF 1.80 → 1.60 (-11 %)" in text
     assert ("(`--codec-threads 1`) against the default: one stream's RTF 2.90 → 2.70 (-7 %); eight streams' aggregate "
-            "RTF 1.60 → 1.50 (-6 %); first audio 0.30 → 0.30 s") in text
+            "RTF 1.60 → 1.50 (-6 %); first audio 0.30 → 0.30 s; peak RSS after eight streams 2000 → 2100 MiB") in text
     assert ("(`--codec-runtime openvino`) against the default: one stream's RTF 2.90 → 2.40 (-17 %); eight streams' "
             "aggregate RTF 1.60 → 1.40 (-13 %); first audio 0.30 → 0.30 s; peak RSS after eight streams 2000 → 2500 MiB") in text
     assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
