@@ -2,12 +2,11 @@
 
 The same ONNX file, compiled by OpenVINO (oneDNN kernels): its convolutions are faster on x86 than
 ONNX Runtime's and its chains of elementwise ops (the Snakes) run fused. 0.6B codec, 2 cores, 48 frames
-in the engine's chunks (docs/benchmarks.md, Codec precision; three runs of 2026-12-02): 0.77-0.87 of
-ONNX Runtime's time per frame, samples within fp32 rounding of ONNX Runtime's (SNR 80 dB). The price is
-memory: the compiled graph keeps its own copies of the weights in the layouts its kernels want (about
-0.5 GiB more resident than ONNX Runtime's session once loaded; the engine's peak after eight streams
-went 1932 -> 2893 MiB, Codec overlap). Opt-in, CPU only, never in the parity profile (`--deterministic`
-keeps ONNX Runtime's exact path).
+in the engine's chunks (`python -m bench --only codec`, 2026-12-02 01:33, 01:44, 01:47): 0.84, 0.87 and
+0.77 of ONNX Runtime's time per frame, samples within fp32 rounding of ONNX Runtime's (SNR 80 dB). The
+price is memory: the compiled graph keeps its own copies of the weights in the layouts its kernels want
+(the engine's peak after eight streams went 1932 -> 2893 MiB: docs/benchmarks.md, Codec overlap, 01:38).
+Opt-in, CPU only, never in the parity profile (`--deterministic` keeps ONNX Runtime's exact path).
 
 Precision is pinned to f32: on CPUs with AVX-512 BF16 or AMX, OpenVINO's default is bf16, which the
 codec does not survive (SNR 24 dB on random weights).
