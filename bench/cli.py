@@ -4,7 +4,8 @@ bench/out/benchmarks-quick.md).
 `python -m bench --only busy`: only the busy-machine block (0.6B headline configuration under
 stress-ng loads, ours and official side by side), merged into the latest saved full results.
 `python -m bench --only memory`: only the memory block (RSS per part and at 8 streams, per KV cache; 1.7B too).
-`python -m bench --only overlap`: only the codec-overlap block (codec inline vs overlapped, both ways).
+`python -m bench --only overlap`: only the codec-overlap block (codec inline vs overlapped, every way; the
+`--preset fast` model with the codec on ONNX Runtime and on OpenVINO).
 `python -m bench --only codec`: only the codec-precision block (fp16, int8, the Snake with `Sin`: speed and SNR).
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
@@ -500,14 +501,20 @@ def _memory(progress, threads: int, shapes: list[str]) -> dict:
 
 
 def _overlap(threads: int, quiet_s: float) -> dict:
-    """The codec-overlap block: codec inline against overlapped, both ways (bench.experiments.codec_overlap)."""
+    """The codec-overlap block (bench.experiments.codec_overlap): the codec inline against overlapped, every
+    way, on the default weights; then the default against OpenVINO with `--preset fast` (under "fast")."""
     from . import experiments, machine
 
     origin = machine.block_origin()
-    args = experiments.build_parser().parse_args(
-        ["codec-overlap", "--shape", "0.6b", "--threads", str(threads), "--frames", str(OVERLAP_FRAMES),
-         "--rounds", str(OVERLAP_ROUNDS), "--quiet-wait", str(quiet_s)])
-    res = experiments.codec_overlap(args)
+
+    def compare(preset: str, only: tuple[str, ...] | None) -> dict:
+        args = experiments.build_parser().parse_args(
+            ["codec-overlap", "--shape", "0.6b", "--preset", preset, "--threads", str(threads), "--frames",
+             str(OVERLAP_FRAMES), "--rounds", str(OVERLAP_ROUNDS), "--quiet-wait", str(quiet_s)])
+        return experiments.codec_overlap(args, only)
+
+    res = compare("default", None)
+    res["fast"] = compare("fast", experiments.OVERLAP_RUNTIMES)
     return {**origin, "threads": threads, "frames": OVERLAP_FRAMES, "rounds": OVERLAP_ROUNDS, **res}
 
 

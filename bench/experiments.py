@@ -63,13 +63,19 @@ OVERLAP_VARIANTS = {
 }
 
 
-def codec_overlap(args) -> dict:
+OVERLAP_RUNTIMES = tuple(name for name, v in OVERLAP_VARIANTS.items() if v == {"codec_overlap": True}
+                         or "codec_runtime" in v)
+"""The overlapped codec on ONNX Runtime (the default) and on OpenVINO: the pair `python -m bench` also
+compares with `--preset fast`."""
+
+
+def codec_overlap(args, only: tuple[str, ...] | None = None) -> dict:
     """The codec on the engine thread against the codec on threads of its own (cpus.stage_threads):
     one call at a time on every core, or calls of one thread in lanes side by side; and overlapped on
-    OpenVINO instead of ONNX Runtime (openvino_session.py)."""
+    OpenVINO instead of ONNX Runtime (openvino_session.py). `only`: these of OVERLAP_VARIANTS."""
     base = dict(_session_base(args), threads=args.threads)
     return _compare(args, {name: (dict(base, engine=dict(base.get("engine", {}), **v)), {})
-                           for name, v in OVERLAP_VARIANTS.items()})
+                           for name, v in OVERLAP_VARIANTS.items() if only is None or name in only})
 
 
 def presets(args) -> dict:

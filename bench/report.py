@@ -241,7 +241,7 @@ def render(res: dict) -> str:
       "python -m bench              # every quant, thread sweep, 0.6B and 1.7B, busy machine, memory, overlap, codec\n"
       "python -m bench --only busy  # ~15 min: only the busy-machine block, merged into the last full results\n"
       "python -m bench --only memory    # ~4 min: RSS per part and at 8 streams, per KV-cache precision; 1.7B\n"
-      "python -m bench --only overlap   # ~5 min: the codec inline against overlapped, both ways\n"
+      "python -m bench --only overlap   # ~8 min: the codec inline against overlapped, every way; --preset fast on OpenVINO\n"
       "python -m bench --only codec     # ~3 min: the codec graph in other precisions, speed and SNR\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
@@ -397,6 +397,8 @@ def render_targets(res: dict) -> str:
         extra.append(f"| peak RSS, one model serving 8 streams, MiB | ≤ {MEMORY_TARGET_MB} | {measured} | {verdict} "
                      "(*Memory* says where it goes) |")
 
+    extra += _overlap_targets(res.get("overlap") or {})
+
     out: list[str] = []
     w = out.append
     w("## Targets (issue *Real-time CPU*)\n")
@@ -409,7 +411,9 @@ def render_targets(res: dict) -> str:
         w(f"| {target} | {goal} | " + " | ".join(figures) + f" | {verdict} |")
     w("")
     if extra:
-        w("From the blocks below, each with its own date (*Busy machine*, *Memory*):\n")
+        blocks = [f"*{name}*" for name, key in (("Busy machine", "busy"), ("Memory", "memory"),
+                                                ("Codec overlap", "overlap")) if res.get(key)]
+        w(f"From the blocks below, each with its own date ({', '.join(blocks)}):\n")
         w("| target | goal | measured | verdict |\n|---|---|---|---|")
         out.extend(extra)
         w("")
@@ -1077,22 +1081,74 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
                                   default, lanes),
                                  ("The codec on OpenVINO (`--codec-runtime openvino`) against the default",
                                   default, openvino)):
-        if not (before and after and runs[before] and runs[after]):
-            continue
-        a, b = median([r["rtf"] for r in runs[before]]), median([r["rtf"] for r in runs[after]])
-        line = f"\n{label}: one stream's RTF {a:.2f} → {b:.2f} ({100 * (b / a - 1):+.0f} %)"
-        ca, cb = (conc.get(before) or {}).get("aggregate_rtf"), (conc.get(after) or {}).get("aggregate_rtf")
-        if ca and cb:
-            line += f"; eight streams' aggregate RTF {ca:.2f} → {cb:.2f} ({100 * (cb / ca - 1):+.0f} %)"
-        fa, fb = (median([r["first_audio_s"] for r in runs[x] if r.get("first_audio_s")] or [0]) for x in (before, after))
-        if fa and fb:
-            line += f"; first audio {fa:.2f} → {fb:.2f} s"
-        pa, pb = ((conc.get(x) or {}).get("peak_rss_mb") for x in (before, after))
-        if pa and pb:
-            line += f"; peak RSS after eight streams {pa:.0f} → {pb:.0f} MiB"
-        w(line + ".")
+        line = _overlap_comparison(label, block, before, after)
+        if line:
+            w("\n" + line)
+    fast = block.get("fast")
+    if fast:
+        fruns = fast.get("runs", {})
+        w(f"\nWith `--preset fast` ({_preset_words('fast')}), the default codec and OpenVINO's, measured the same way "
+          "after the table above:\n")
+        w(fast.get("markdown", "**Not measured.**"))
+        line = _overlap_comparison("`--preset fast`: the codec on OpenVINO against the default", fast,
+                                   next((k for k in fruns if "(default)" in k), None),
+                                   next((k for k in fruns if "OpenVINO" in k), None))
+        if line:
+            w("\n" + line)
     w("")
     return "\n".join(out) + "\n"
+
+
+def _overlap_targets(block: dict) -> list[str]:
+    """Rows of the targets' block table from the overlap block's OpenVINO variants: one stream with `--preset
+    fast` and the codec on OpenVINO, and eight streams on OpenVINO with either weights."""
+    def openvino(b: dict) -> tuple:
+        return _overlap_medians(b, next((k for k in b.get("runs", {}) if "OpenVINO" in k), None))
+
+    default, fast = openvino(block), openvino(block.get("fast") or {})
+    rows = []
+    if fast[0] is not None:
+        rows.append(f"| one stream, `--preset fast` ({_preset_words('fast')}) with `--codec-runtime openvino`: RTF | "
+                    f"{_goal(FAST_RTF_TARGET)} | {_f(fast[0], 2)} (0.6B; peak RSS after eight streams "
+                    f"{_f(fast[3], 0)} MiB) | {_verdict(fast[0], FAST_RTF_TARGET)} (*Codec overlap*) |")
+    eight = [(f"{_f(v, 2)} with {words}", v) for v, words in ((default[1], "the default weights"),
+                                                               (fast[1], "`--preset fast`")) if v is not None]
+    if eight:
+        best = min(v for _, v in eight)
+        rows.append(f"| eight streams with `--codec-runtime openvino`: aggregate RTF | {_goal(CONCURRENT_RTF_TARGET)} | "
+                    f"{'; '.join(t for t, _ in eight)} (0.6B) | {_verdict(best, CONCURRENT_RTF_TARGET)} "
+                    "(*Codec overlap*) |")
+    return rows
+
+
+def _preset_words(name: str) -> str:
+    """'fast' -> 'talker q4_k_m, code predictor int4'"""
+    return f"talker {PRESETS[name].quant}, code predictor {PRESETS[name].cp_precision}"
+
+
+def _overlap_medians(block: dict, variant: str | None) -> tuple[float | None, float | None, float | None, float | None]:
+    """(one stream's median RTF, eight streams' aggregate RTF, median first audio s, peak RSS MiB) of a variant
+    in an overlap comparison (the block's "runs" and "concurrency"); None where not measured."""
+    runs = (block.get("runs") or {}).get(variant) or []
+    conc = (block.get("concurrency") or {}).get(variant) or {}
+    first = [r["first_audio_s"] for r in runs if r.get("first_audio_s")]
+    return (median([r["rtf"] for r in runs]) if runs else None, conc.get("aggregate_rtf"),
+            median(first) if first else None, conc.get("peak_rss_mb"))
+
+
+def _overlap_comparison(label: str, block: dict, before: str | None, after: str | None) -> str | None:
+    """"label: one stream's RTF a → b (%); eight streams' ...; first audio ...; peak RSS ...." or None."""
+    (a, ca, fa, pa), (b, cb, fb, pb) = _overlap_medians(block, before), _overlap_medians(block, after)
+    if not (before and after and a and b):
+        return None
+    line = f"{label}: one stream's RTF {a:.2f} → {b:.2f} ({100 * (b / a - 1):+.0f} %)"
+    if ca and cb:
+        line += f"; eight streams' aggregate RTF {ca:.2f} → {cb:.2f} ({100 * (cb / ca - 1):+.0f} %)"
+    if fa and fb:
+        line += f"; first audio {fa:.2f} → {fb:.2f} s"
+    if pa and pb:
+        line += f"; peak RSS after eight streams {pa:.0f} → {pb:.0f} MiB"
+    return line + "."
 
 
 def render_codec(block: dict, standalone: bool = False) -> str:

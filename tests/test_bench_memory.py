@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import cli, memory
+from bench import cli, experiments, memory
 from bench.experiments import OVERLAP_VARIANTS
 from bench.report import MEMORY_PARTS, render_memory, splice_section
 
@@ -90,6 +90,34 @@ def test_the_overlap_section_compares_the_default_with_inline():
     assert ("(`--codec-runtime openvino`) against the default: one stream's RTF 2.90 → 2.40 (-17 %); eight streams' "
             "aggregate RTF 1.60 → 1.40 (-13 %); first audio 0.30 → 0.30 s; peak RSS after eight streams 2000 → 2500 MiB") in text
     assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
+    assert "--preset fast" not in text  # no fast comparison measured, none rendered
+
+    default, openvino = experiments.OVERLAP_RUNTIMES
+    block["fast"] = {"markdown": "| fast table |", "runs": {default: [run(1.1)], openvino: [run(0.95)]},
+                     "concurrency": {default: {"aggregate_rtf": 0.8, "peak_rss_mb": 1700},
+                                     openvino: {"aggregate_rtf": 0.7, "peak_rss_mb": 2300}}}
+    text = render_overlap(block, standalone=True)
+    assert "With `--preset fast` (talker q4_k_m, code predictor int4)" in text and "| fast table |" in text
+    assert ("`--preset fast`: the codec on OpenVINO against the default: one stream's RTF 1.10 → 0.95 (-14 %); eight "
+            "streams' aggregate RTF 0.80 → 0.70 (-13 %); first audio 0.30 → 0.30 s; peak RSS after eight streams "
+            "1700 → 2300 MiB.") in text
+
+
+def test_the_targets_take_openvino_from_the_overlap_block():
+    from bench.report import _overlap_targets
+
+    run = lambda rtf: {"rtf": rtf, "first_audio_s": 0.3}  # noqa: E731
+    default, openvino = experiments.OVERLAP_RUNTIMES
+    block = {"runs": {default: [run(1.7)], openvino: [run(1.6)]},
+             "concurrency": {openvino: {"aggregate_rtf": 0.88, "peak_rss_mb": 2900}},
+             "fast": {"runs": {default: [run(1.1)], openvino: [run(0.9), run(1.0), run(0.98)]},
+                      "concurrency": {openvino: {"aggregate_rtf": 0.58, "peak_rss_mb": 2300}}}}
+    one, eight = _overlap_targets(block)
+    assert one == ("| one stream, `--preset fast` (talker q4_k_m, code predictor int4) with `--codec-runtime openvino`: "
+                   "RTF | ≤ 1.0 | 0.98 (0.6B; peak RSS after eight streams 2,300 MiB) | **reached** (*Codec overlap*) |")
+    assert eight == ("| eight streams with `--codec-runtime openvino`: aggregate RTF | ≤ 0.6 | 0.88 with the default "
+                     "weights; 0.58 with `--preset fast` (0.6B) | **reached** (*Codec overlap*) |")
+    assert _overlap_targets({}) == []
 
 
 def test_the_overlap_variants_name_their_settings():
@@ -116,20 +144,27 @@ def test_the_agreement_table_shows_the_kv_cache_row():
 
 def test_the_overlap_block_runs_the_experiment_with_its_whole_command_line(monkeypatch, tmp_path):
     """`python -m bench --only overlap` builds the experiment's arguments with the experiments' own parser
-    (a hand-made namespace missed --preset once and the block failed before it ran)."""
+    (a hand-made namespace missed --preset once and the block failed before it ran): every variant on the
+    default weights, then the default codec and OpenVINO's on `--preset fast`'s."""
     from bench import experiments
 
-    seen = {}
+    calls = []
 
     def compare(args, variants):
-        seen.update(args=args, variants=variants)
-        return {"runs": {}, "concurrency": {}, "markdown": "| t |"}
+        calls.append((args, variants))
+        return {"runs": {}, "concurrency": {}, "markdown": f"| {args.preset} |"}
 
     monkeypatch.setattr(experiments, "_model_dir", lambda shape, quant, cp="int8": tmp_path / f"{shape}-{quant}-{cp}")
     monkeypatch.setattr(experiments, "_compare", compare)
     block = cli._overlap(threads=2, quiet_s=0.0)
-    assert block["markdown"] == "| t |" and seen["args"].preset == "default" and seen["args"].threads == 2
-    assert list(seen["variants"]) == list(OVERLAP_VARIANTS)
-    for name, (params, env) in seen["variants"].items():
+    assert block["markdown"] == "| default |" and block["fast"]["markdown"] == "| fast |"
+    (args, variants), (fast_args, fast_variants) = calls
+    assert args.preset == "default" and args.threads == 2 and fast_args.preset == "fast" and fast_args.threads == 2
+    assert list(variants) == list(OVERLAP_VARIANTS)
+    assert [OVERLAP_VARIANTS[n] for n in fast_variants] == [{"codec_overlap": True},
+                                                            {"codec_overlap": True, "codec_runtime": "openvino"}]
+    for name, (params, env) in variants.items():
         assert params["model_dir"].endswith("0.6b-q8_0-int8") and params["threads"] == 2 and env == {}
         assert params["engine"] == OVERLAP_VARIANTS[name]
+    for name, (params, env) in fast_variants.items():
+        assert params["model_dir"].endswith("0.6b-q4_k_m-int4") and params["engine"] == OVERLAP_VARIANTS[name]
