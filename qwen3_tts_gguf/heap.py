@@ -4,11 +4,16 @@ glibc keeps a freed block in its heap for reuse, and after each large block free
 from which blocks are mapped on their own (its dynamic mmap threshold, up to 32 MiB). The ONNX
 Runtime calls' activations (a codec call's are tens of MiB) then stay in the heaps of every thread
 that ran one: with eight streams about 250 MiB more at the peak than is ever in use at once. A fixed
-threshold of 1 MiB maps those blocks and unmaps them when freed, for no measured loss of speed
-(`python -m bench.experiments malloc`, 2026-12-01 22:27-22:36, side by side: 0.6B default preset,
+threshold of 1 MiB maps those blocks and unmaps them when freed, for no loss of speed measured that
+day (`python -m bench.experiments malloc`, 2026-12-01 22:27-22:36, side by side: 0.6B default preset,
 eight streams' RTF 0.87 -> 0.85, peak 2212 -> 1955 MiB; `--preset fast` with KV cache q4_0 0.81 ->
 0.82, 1756 -> 1503 MiB). At 128 KiB the page faults of every mid-sized block cost eight streams
-about 15 % (0.86 -> 0.99, 20:47). Nothing happens where there is no glibc.
+about 15 % (0.86 -> 0.99, 20:47). On another day's host the same comparison went both ways
+(2026-12-02, glibc's threshold -> 1 MiB): `--preset fast`, twice (runs saved at 04:24 and 04:26), one
+stream 1.22 -> 1.26 and 1.39 -> 1.40, eight streams 0.95 -> 1.08 and 0.94 -> 1.07, peak 1760 -> 1674
+and 1786 -> 1674 MiB; the default preset (saved at 04:29) one stream 1.75 -> 1.74, eight streams 0.97
+-> 0.93, peak 2027 -> 1929 MiB. The bound on memory stays the default; `--heap-map-threshold 0` gives
+glibc's choice back. Nothing happens where there is no glibc.
 """
 
 from __future__ import annotations

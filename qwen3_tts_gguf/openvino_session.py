@@ -2,10 +2,11 @@
 
 The same ONNX file, compiled by OpenVINO (oneDNN kernels): its convolutions are faster on x86 than
 ONNX Runtime's and its chains of elementwise ops (the Snakes) run fused. 0.6B codec, 2 cores, 48 frames
-in the engine's chunks (`python -m bench --only codec`, 2026-12-02 01:33, 01:44, 01:47): 0.84, 0.87 and
-0.77 of ONNX Runtime's time per frame, samples within fp32 rounding of ONNX Runtime's (SNR 80 dB). The
-price is memory: the compiled graph keeps its own copies of the weights in the layouts its kernels want
-(the engine's peak after eight streams went 1932 -> 2893 MiB: docs/benchmarks.md, Codec overlap, 01:38).
+in the engine's chunks (`python -m bench --only codec`, 2026-12-02 01:33, 01:44, 01:47, and the full
+bench at 04:16): 0.84, 0.87, 0.77 and 0.76 of ONNX Runtime's time per frame, samples within fp32
+rounding of ONNX Runtime's (SNR 80 dB). The price is memory: the compiled graph keeps its own copies
+of the weights in the layouts its kernels want (the engine's peak after eight streams went 1922 -> 2459
+MiB in docs/benchmarks.md's Codec overlap, 2026-12-02 04:09; 1932 -> 2893 in a run at 01:38).
 Opt-in, CPU only, never in the parity profile (`--deterministic` keeps ONNX Runtime's exact path).
 
 Precision is pinned to f32: on CPUs with AVX-512 BF16 or AMX, OpenVINO's default is bf16, which the
