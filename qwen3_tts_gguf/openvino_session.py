@@ -11,15 +11,34 @@ Opt-in, CPU only, never in the parity profile (`--deterministic` keeps ONNX Runt
 
 Precision is pinned to f32: on CPUs with AVX-512 BF16 or AMX, OpenVINO's default is bf16, which the
 codec does not survive (SNR 24 dB on random weights).
+
+Most of that memory was a copy: compiled from the ONNX file, the graph keeps the file's weights as
+read besides its own reordered ones. Compiled from OpenVINO's model cache (a `.openvino/` folder in
+the model folder), the cached blob's weights are mapped from the file instead, and once a call of a
+new shape has reordered what it needs, those pages go back (madvise): 0.6B codec alone, after calls
+of 1-9 frames, 1230 MiB -> about 650 MiB of anonymous memory (2026-12-02, /proc/self/status). A
+child process fills the cache on the first start, so this process never holds the copy either; a
+model folder it cannot write to compiles from the ONNX file as before (a warning says so).
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger("qwen3_tts_gguf.openvino_session")
 
 RUNTIMES = ("onnxruntime", "openvino")
 """What `--codec-runtime` accepts."""
@@ -62,33 +81,144 @@ def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool =
     return f"codec on OpenVINO {version} (CPU, f32)"
 
 
+CACHE_FOLDER = ".openvino"
+"""OpenVINO's model cache, in the model folder beside the graph it compiles (hidden: never a file of the
+model's manifest)."""
+
+_FILL = """
+import json, sys
+import openvino as ov
+path, config, cache = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+core = ov.Core()
+framework = core.read_model(path).get_rt_info()["framework"]
+core.compile_model(path, "CPU", dict(config, CACHE_DIR=cache))
+print(json.dumps({key: value.astype(str) for key, value in framework.items()}))
+"""
+"""The child process that fills the cache: compiles `path` with `config` into `cache` and prints the
+graph's metadata (the compiled model imported from the cache carries none)."""
+
+_MADV_PAGEOUT = 21  # Linux 5.4+: drop these pages of the mapping (file pages are read again when touched)
+
+
+def _config(threads: int, streams: int, precision: str) -> dict:
+    return {
+        "INFERENCE_PRECISION_HINT": precision,  # f32 in the engine (module docstring); bf16 only in the bench
+        "INFERENCE_NUM_THREADS": threads * streams,  # OpenVINO counts the threads of all its streams
+        "NUM_STREAMS": streams,
+        "PERFORMANCE_HINT": "LATENCY",
+        "ENABLE_CPU_PINNING": False,  # the cores are shared with llama.cpp and the code predictor
+    }
+
+
+def _writable_cache(graph: Path) -> Path | None:
+    """The cache folder beside `graph`, created if need be; None where the model folder is read-only."""
+    cache = graph.parent / CACHE_FOLDER
+    try:
+        cache.mkdir(exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            pass
+        return cache
+    except OSError:
+        return None
+
+
+def _stamp(graph: Path, config: dict) -> str:
+    """A name for this graph file (path, size, time) compiled with `config` by this OpenVINO."""
+    st = graph.stat()
+    key = json.dumps([str(graph.resolve()), st.st_size, st.st_mtime_ns, openvino_version(), config], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _fill_cache(graph: Path, cache: Path, config: dict, ready: Path) -> dict[str, str] | None:
+    """Compile `graph` in a child process, which leaves OpenVINO's blob in `cache`, and write `ready`
+    (the graph's metadata); the metadata, or None when the child failed. The blob is written in a
+    folder of its own and moved into `cache` whole."""
+    work = Path(tempfile.mkdtemp(prefix=".fill-", dir=cache))
+    try:
+        done = subprocess.run([sys.executable, "-c", _FILL, str(graph), json.dumps(config), str(work)],
+                              capture_output=True, text=True, timeout=900, check=True)
+        metadata = json.loads(done.stdout.strip().splitlines()[-1])
+        for blob in work.iterdir():
+            with open(blob, "rb") as f:  # on disk before it has its name, and its pages clean (droppable)
+                os.fsync(f.fileno())
+            os.replace(blob, cache / blob.name)
+        part = ready.with_name(ready.name + ".part")
+        part.write_text(json.dumps(metadata))
+        os.replace(part, ready)
+        return metadata
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or ""
+        log.warning("OpenVINO's cache for %s could not be filled (%s%s); compiling from the file, which holds "
+                    "more memory", graph, e, f": {detail.strip().splitlines()[-1]}" if detail.strip() else "")
+        return None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _page_out(path_part: str) -> None:
+    """Give back the resident pages of this process's read-only mappings of files whose path contains
+    `path_part` (the cached blob's weights): the kernel reads them again if they are touched."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and path_part in fields[5] and "w" not in fields[1]:
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    libc.madvise(start, end - start, _MADV_PAGEOUT)
+    except (OSError, AttributeError, ValueError):
+        pass  # not Linux, or no madvise: the pages stay until the kernel needs them
+
+
 class OpenVINOSession:
     """An ONNX graph compiled by OpenVINO for the CPU, called like an ONNX Runtime session
     (`run(output_names, feeds)`). `threads` per call; `streams` calls may run at once (one infer
     request per calling thread), as the engine's codec lanes do. `metadata`: the file's
-    metadata_props (ONNX Runtime's custom_metadata_map)."""
+    metadata_props (ONNX Runtime's custom_metadata_map). `cache`: compile through OpenVINO's model
+    cache beside the graph (module docstring); False compiles from the file."""
 
-    def __init__(self, path: str | Path, *, threads: int, streams: int = 1, precision: str = "f32"):
+    def __init__(self, path: str | Path, *, threads: int, streams: int = 1, precision: str = "f32",
+                 cache: bool = True):
         import openvino as ov
 
-        config = {
-            "INFERENCE_PRECISION_HINT": precision,  # f32 in the engine (module docstring); bf16 only in the bench
-            "INFERENCE_NUM_THREADS": threads * streams,  # OpenVINO counts the threads of all its streams
-            "NUM_STREAMS": streams,
-            "PERFORMANCE_HINT": "LATENCY",
-            "ENABLE_CPU_PINNING": False,  # the cores are shared with llama.cpp and the code predictor
-        }
+        path = Path(path)
+        config = _config(threads, streams, precision)
         core = ov.Core()
-        model = core.read_model(str(path))
-        framework = model.get_rt_info()["framework"]  # where OpenVINO's ONNX reader keeps metadata_props
-        self.metadata: dict[str, str] = {key: value.astype(str) for key, value in framework.items()}
-        self._compiled = core.compile_model(model, "CPU", config)
-        del model  # the compiled model has what it needs
+        folder = _writable_cache(path) if cache else None
+        metadata = None
+        if folder is not None:
+            ready = folder / f"{_stamp(path, config)}.json"
+            try:
+                metadata = json.loads(ready.read_text())
+            except (OSError, ValueError):
+                metadata = _fill_cache(path, folder, config, ready)
+        elif cache:
+            log.warning("%s is read-only: the codec on OpenVINO compiles from the file and holds more memory",
+                        path.parent)
+        if metadata is not None:
+            self._cache: Path | None = folder
+            self.metadata: dict[str, str] = metadata
+            self._compiled = core.compile_model(str(path), "CPU", dict(config, CACHE_DIR=str(folder)))
+        else:
+            self._cache = None
+            model = core.read_model(str(path))
+            framework = model.get_rt_info()["framework"]  # where OpenVINO's ONNX reader keeps metadata_props
+            self.metadata = {key: value.astype(str) for key, value in framework.items()}
+            self._compiled = core.compile_model(model, "CPU", config)
+            del model  # the compiled model has what it needs
         self._port = {}  # output name -> index in the compiled model's outputs
         for i, port in enumerate(self._compiled.outputs):
             for name in port.get_names():
                 self._port[name] = i
         self._local = threading.local()
+        self._shapes: set[tuple] = set()  # input shapes called with: a new one reorders weights
+        self._shapes_lock = threading.Lock()
+        self._page_out()
+
+    def _page_out(self) -> None:
+        if self._cache is not None:
+            _page_out(str(self._cache.resolve()))
 
     def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         request = getattr(self._local, "request", None)
@@ -96,4 +226,11 @@ class OpenVINOSession:
             request = self._local.request = self._compiled.create_infer_request()
         request.infer(feeds)
         # copies: the request reuses its output buffers on the next call
-        return [np.array(request.get_output_tensor(self._port[name]).data) for name in output_names]
+        out = [np.array(request.get_output_tensor(self._port[name]).data) for name in output_names]
+        shape = tuple(np.shape(v) for v in feeds.values())
+        with self._shapes_lock:
+            new = shape not in self._shapes
+            self._shapes.add(shape)
+        if new:  # its first call read weights from the blob to reorder them: give those pages back
+            self._page_out()
+        return out

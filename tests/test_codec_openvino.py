@@ -8,6 +8,9 @@ the settings it cannot honour are refused at start."""
 
 from __future__ import annotations
 
+import gc
+import json
+import logging
 import threading
 
 import numpy as np
@@ -15,7 +18,7 @@ import pytest
 
 from bench.codec_precision import snr_db
 from qwen3_tts_gguf.checkpoint import Checkpoint
-from qwen3_tts_gguf.codec import CodecDecoder
+from qwen3_tts_gguf.codec import MAX_CALL_FRAMES, CodecDecoder
 from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
 from qwen3_tts_gguf.convert.onnx_builder import save_model
 from qwen3_tts_gguf.openvino_session import CodecRuntimeError, check_codec_runtime
@@ -168,3 +171,90 @@ def test_an_engine_built_without_the_start_up_check_refuses_too(tiny_cv_f32):
         LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, deterministic=True, codec_runtime="openvino"))
     with pytest.raises(CodecRuntimeError, match="expected one of"):
         LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, codec_runtime="openvno"))
+
+
+def _blob_resident(cache) -> tuple[int, int]:
+    """(resident KiB, size KiB) of this process's mappings of the blobs in `cache` (/proc/self/smaps)."""
+    rss = size = 0
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
+                inside = len(head) == 6 and head[5].startswith(str(cache.resolve()))
+            elif inside and head[0] == "Rss:":
+                rss += int(head[1])
+            elif inside and head[0] == "Size:":
+                size += int(head[1])
+    return rss, size
+
+
+def test_the_model_cache_is_filled_once_and_its_weights_are_given_back(setup, tmp_path, monkeypatch):
+    """The first session fills OpenVINO's cache beside the graph in a child process (a blob and the
+    graph's metadata); the next imports the blob with no child, decodes the same samples, and keeps
+    few of the blob's mapped pages once each new shape has been called."""
+    from qwen3_tts_gguf import openvino_session
+    from qwen3_tts_gguf.openvino_session import CACHE_FOLDER, OpenVINOSession
+
+    real_page_out = openvino_session._page_out
+    graph = tmp_path / "codec_decoder.onnx"
+    graph.write_bytes(setup["path"].read_bytes())
+    first = CodecDecoder(graph, threads=2, runtime="openvino")
+    cache = tmp_path / CACHE_FOLDER
+    blobs, stamps = list(cache.glob("*.blob")), list(cache.glob("*.json"))
+    assert len(blobs) == 1 and len(stamps) == 1 and not list(cache.glob(".fill-*"))
+    wav_first = stream(first, setup["codes"], [1, 2, 4, 8, 9])
+    metadata = first.session.metadata
+    del first  # its mapping of the blob would share the pages (they are given back only when mapped once)
+    gc.collect()
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("the cache was filled already")
+
+    monkeypatch.setattr(openvino_session.subprocess, "run", no_child)
+    page_outs = []
+    monkeypatch.setattr(openvino_session, "_page_out", lambda part: page_outs.append(part) or real_page_out(part))
+    again = CodecDecoder(graph, threads=2, runtime="openvino")
+    assert again.session.metadata == metadata and again.num_quantizers == 16
+    assert again.session.metadata["states"] == json.loads(stamps[0].read_text())["states"]
+    wav = stream(again, setup["codes"], [1, 2, 4, 8, 9])
+    wav_repeat = stream(again, setup["codes"], [1, 2, 4, 8, 9])
+    assert np.abs(wav - wav_first).max() < 1e-6 and np.abs(wav - setup["ref"]).max() < OV_TOL
+    assert np.array_equal(wav, wav_repeat) and list(cache.glob("*.blob")) == blobs
+    # given back after loading and after the first call of each shape (calls of 1, 2 and 4 frames: the
+    # codec splits longer chunks at MAX_CALL_FRAMES), not after repeats
+    assert MAX_CALL_FRAMES == 4 and page_outs == [str(cache.resolve())] * 4
+    # (pages the other core faulted in a moment ago may wait in its batch: given back at a later call)
+    openvino_session._page_out(str(cache.resolve()))
+    resident, size = _blob_resident(cache)
+    assert size > 0 and resident < size / 2, (resident, size)
+    assert isinstance(again.session, OpenVINOSession)
+
+
+def test_without_a_cache_it_compiles_from_the_file(setup, tmp_path, monkeypatch, caplog):
+    """A model folder where the cache cannot be made (here `.openvino` is a file), or a child that
+    fails: the session compiles from the graph file, with a warning, and decodes the same."""
+    from qwen3_tts_gguf import openvino_session
+    from qwen3_tts_gguf.openvino_session import CACHE_FOLDER
+
+    graph = tmp_path / "blocked" / "codec_decoder.onnx"
+    graph.parent.mkdir()
+    graph.write_bytes(setup["path"].read_bytes())
+    (graph.parent / CACHE_FOLDER).write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="qwen3_tts_gguf.openvino_session"):
+        dec = CodecDecoder(graph, threads=2, runtime="openvino")
+    assert "read-only" in caplog.text and dec.num_quantizers == 16
+    wav = stream(dec, setup["codes"], [T])
+    assert np.abs(wav - setup["ref"]).max() < OV_TOL
+
+    graph = tmp_path / "failing" / "codec_decoder.onnx"
+    graph.parent.mkdir()
+    graph.write_bytes(setup["path"].read_bytes())
+    monkeypatch.setattr(openvino_session.sys, "executable", "/bin/false")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="qwen3_tts_gguf.openvino_session"):
+        dec = CodecDecoder(graph, threads=2, runtime="openvino")
+    assert "could not be filled" in caplog.text
+    cache = graph.parent / CACHE_FOLDER
+    assert not list(cache.glob("*.json")) and not list(cache.glob("*.blob")) and not list(cache.glob(".fill-*"))
+    assert np.abs(stream(dec, setup["codes"], [T]) - setup["ref"]).max() < OV_TOL
