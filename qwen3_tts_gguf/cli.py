@@ -364,7 +364,8 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codec-runtime", choices=CODEC_RUNTIMES, default="onnxruntime",
                    help="what runs the codec: openvino (pip install openvino; CPU only, not with --deterministic) "
                         "decodes about a fifth faster than ONNX Runtime but holds more memory (0.6B, eight streams: "
-                        "0.5-1 GiB more at the peak; docs/benchmarks.md, Codec overlap; default %(default)s)")
+                        "about 130 MiB more at the peak, with a writable model folder for its cache; "
+                        "docs/benchmarks.md, Codec overlap; default %(default)s)")
     p.add_argument("--heap-map-threshold", type=_number(int, 0, MAX_MAP_THRESHOLD), default=MAP_THRESHOLD,
                    metavar="BYTES",
                    help="blocks of at least this size are mapped on their own and unmapped when freed (glibc): "

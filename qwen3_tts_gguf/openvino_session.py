@@ -5,8 +5,9 @@ ONNX Runtime's and its chains of elementwise ops (the Snakes) run fused. 0.6B co
 in the engine's chunks (`python -m bench --only codec`, 2026-12-02 01:33, 01:44, 01:47, and the full
 bench at 04:16): 0.84, 0.87, 0.77 and 0.76 of ONNX Runtime's time per frame, samples within fp32
 rounding of ONNX Runtime's (SNR 80 dB). The price is memory: the compiled graph keeps its own copies
-of the weights in the layouts its kernels want (the engine's peak after eight streams went 1922 -> 2459
-MiB in docs/benchmarks.md's Codec overlap, 2026-12-02 04:09; 1932 -> 2893 in a run at 01:38).
+of the weights in the layouts its kernels want (the engine's peak after eight streams, 0.6B, side by
+side in docs/benchmarks.md's Codec overlap, 2026-12-02 04:39: 1925 -> 2055 MiB; compiled from the ONNX
+file before the cache below, 1922 -> 2459 at 04:09 and 1932 -> 2893 at 01:38).
 Opt-in, CPU only, never in the parity profile (`--deterministic` keeps ONNX Runtime's exact path).
 
 Precision is pinned to f32: on CPUs with AVX-512 BF16 or AMX, OpenVINO's default is bf16, which the
@@ -16,7 +17,7 @@ Most of that memory was a copy: compiled from the ONNX file, the graph keeps the
 read besides its own reordered ones. Compiled from OpenVINO's model cache (a `.openvino/` folder in
 the model folder), the cached blob's weights are mapped from the file instead, and once a call of a
 new shape has reordered what it needs, those pages go back (madvise): 0.6B codec alone, after calls
-of 1-9 frames, 1230 MiB -> about 650 MiB of anonymous memory (2026-12-02, /proc/self/status). A
+of 1-9 frames, 1230 MiB -> about 600 MiB of anonymous memory (2026-12-02, /proc/self/status). A
 child process fills the cache on the first start, so this process never holds the copy either; a
 model folder it cannot write to compiles from the ONNX file as before (a warning says so).
 """
