@@ -18,8 +18,9 @@ read besides its own reordered ones. Compiled from OpenVINO's model cache (a `.o
 the model folder), the cached blob's weights are mapped from the file instead, and once a call of a
 new shape has reordered what it needs, those pages go back (madvise): 0.6B codec alone, after calls
 of 1-9 frames, 1230 MiB -> about 600 MiB of anonymous memory (2026-12-02, /proc/self/status). A
-child process fills the cache on the first start, so this process never holds the copy either; a
-model folder it cannot write to compiles from the ONNX file as before (a warning says so).
+child process fills the cache on the first start, so this process never holds the copy either, and
+drops the blobs another OpenVINO or an earlier version of the file left; a model folder it cannot
+write to compiles from the ONNX file as before (a warning says so).
 """
 
 from __future__ import annotations
@@ -123,30 +124,38 @@ def _writable_cache(graph: Path) -> Path | None:
         return None
 
 
-def _stamp(graph: Path, config: dict) -> str:
-    """A name for this graph file (path, size, time) compiled with `config` by this OpenVINO."""
+def _identity(graph: Path) -> list:
+    """What names this graph file's contents: its path, size and time."""
     st = graph.stat()
-    key = json.dumps([str(graph.resolve()), st.st_size, st.st_mtime_ns, openvino_version(), config], sort_keys=True)
+    return [str(graph.resolve()), st.st_size, st.st_mtime_ns]
+
+
+def _stamp(graph: Path, config: dict) -> str:
+    """A name for this graph file compiled with `config` by this OpenVINO."""
+    key = json.dumps([_identity(graph), openvino_version(), config], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _fill_cache(graph: Path, cache: Path, config: dict, ready: Path) -> dict[str, str] | None:
-    """Compile `graph` in a child process, which leaves OpenVINO's blob in `cache`, and write `ready`
-    (the graph's metadata); the metadata, or None when the child failed. The blob is written in a
-    folder of its own and moved into `cache` whole."""
+    """Compile `graph` in a child process, which leaves OpenVINO's blob in `cache`, and write `ready`:
+    the graph's metadata, and what the blob was made from; the metadata, or None when the child
+    failed. The blob is written in a folder of its own and moved into `cache` whole. Then the blobs
+    of another OpenVINO or of an earlier version of the file go (`_drop_stale`)."""
     work = Path(tempfile.mkdtemp(prefix=".fill-", dir=cache))
     try:
         done = subprocess.run([sys.executable, "-c", _FILL, str(graph), json.dumps(config), str(work)],
                               capture_output=True, text=True, timeout=900, check=True)
         metadata = json.loads(done.stdout.strip().splitlines()[-1])
+        blobs = []
         for blob in work.iterdir():
             with open(blob, "rb") as f:  # on disk before it has its name, and its pages clean (droppable)
                 os.fsync(f.fileno())
             os.replace(blob, cache / blob.name)
+            blobs.append(blob.name)
         part = ready.with_name(ready.name + ".part")
-        part.write_text(json.dumps(metadata))
+        part.write_text(json.dumps({"graph": _identity(graph), "openvino": openvino_version(), "config": config,
+                                    "blobs": blobs, "metadata": metadata}))
         os.replace(part, ready)
-        return metadata
     except (OSError, ValueError, IndexError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or ""
         log.warning("OpenVINO's cache for %s could not be filled (%s%s); compiling from the file, which holds "
@@ -154,6 +163,31 @@ def _fill_cache(graph: Path, cache: Path, config: dict, ready: Path) -> dict[str
         return None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _drop_stale(graph, cache)
+    return metadata
+
+
+def _read_stamp(path: Path) -> dict | None:
+    try:
+        stamp = json.loads(path.read_text())
+        return stamp if isinstance(stamp, dict) and isinstance(stamp.get("metadata"), dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _drop_stale(graph: Path, cache: Path) -> None:
+    """Remove the stamps in `cache` made by another OpenVINO or from another version of `graph`, and
+    their blobs (unless a stamp kept names them too): a cache never holds more than the blobs of the
+    configurations this file and this OpenVINO were compiled with."""
+    current, version = _identity(graph), openvino_version()
+    stamps = {p: _read_stamp(p) for p in cache.glob("*.json")}
+    stale = {p for p, st in stamps.items() if st is None or st.get("openvino") != version or st.get("graph") != current}
+    kept = {name for p, st in stamps.items() if p not in stale for name in st.get("blobs", [])}
+    for p in stale:
+        for name in (stamps[p] or {}).get("blobs", []):
+            if name not in kept and "/" not in name:
+                (cache / name).unlink(missing_ok=True)
+        p.unlink(missing_ok=True)
 
 
 def _page_out(path_part: str) -> None:
@@ -190,10 +224,8 @@ class OpenVINOSession:
         metadata = None
         if folder is not None:
             ready = folder / f"{_stamp(path, config)}.json"
-            try:
-                metadata = json.loads(ready.read_text())
-            except (OSError, ValueError):
-                metadata = _fill_cache(path, folder, config, ready)
+            stamp = _read_stamp(ready)
+            metadata = stamp["metadata"] if stamp else _fill_cache(path, folder, config, ready)
         elif cache:
             log.warning("%s is read-only: the codec on OpenVINO compiles from the file and holds more memory",
                         path.parent)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import threading
 
 import numpy as np
@@ -216,7 +217,7 @@ def test_the_model_cache_is_filled_once_and_its_weights_are_given_back(setup, tm
     monkeypatch.setattr(openvino_session, "_page_out", lambda part: page_outs.append(part) or real_page_out(part))
     again = CodecDecoder(graph, threads=2, runtime="openvino")
     assert again.session.metadata == metadata and again.num_quantizers == 16
-    assert again.session.metadata["states"] == json.loads(stamps[0].read_text())["states"]
+    assert again.session.metadata["states"] == json.loads(stamps[0].read_text())["metadata"]["states"]
     wav = stream(again, setup["codes"], [1, 2, 4, 8, 9])
     wav_repeat = stream(again, setup["codes"], [1, 2, 4, 8, 9])
     assert np.abs(wav - wav_first).max() < 1e-6 and np.abs(wav - setup["ref"]).max() < OV_TOL
@@ -229,6 +230,30 @@ def test_the_model_cache_is_filled_once_and_its_weights_are_given_back(setup, tm
     resident, size = _blob_resident(cache)
     assert size > 0 and resident < size / 2, (resident, size)
     assert isinstance(again.session, OpenVINOSession)
+
+
+def test_another_openvino_or_another_file_leaves_no_stale_blob(setup, tmp_path):
+    """A fill drops the stamps and blobs of another OpenVINO version, of an earlier version of the file,
+    and stamps it cannot read; the cache then holds exactly what its stamps name."""
+    from qwen3_tts_gguf.openvino_session import CACHE_FOLDER
+
+    graph = tmp_path / "codec_decoder.onnx"
+    graph.write_bytes(setup["path"].read_bytes())
+    CodecDecoder(graph, threads=2, runtime="openvino")
+    cache = tmp_path / CACHE_FOLDER
+    [first] = cache.glob("*.json")
+    (cache / "old.blob").write_bytes(b"an older OpenVINO's blob")
+    (cache / "old.json").write_text(json.dumps({"openvino": "2020.1", "graph": [], "blobs": ["old.blob"],
+                                                "metadata": {}}))
+    (cache / "junk.json").write_text("{ not json")
+    later = graph.stat().st_mtime_ns + 10**9
+    os.utime(graph, ns=(later, later))  # the file converted again
+    dec = CodecDecoder(graph, threads=2, runtime="openvino")
+    [stamp] = cache.glob("*.json")
+    assert stamp != first and not (cache / "old.blob").exists()
+    named = json.loads(stamp.read_text())["blobs"]
+    assert named and sorted(p.name for p in cache.glob("*.blob")) == sorted(named)
+    assert np.abs(stream(dec, setup["codes"], [T]) - setup["ref"]).max() < OV_TOL
 
 
 def test_without_a_cache_it_compiles_from_the_file(setup, tmp_path, monkeypatch, caplog):
