@@ -98,15 +98,28 @@ class LoadedModel:
             raise ModelFolderError(f"{self.folder}: cannot read the tokenizer or text tables ({e})") from e
         self.prompts = PromptBuilder(self.manifest, self.tokenizer, self.tables)
         self.stage_threads = threads = settings.stage_threads  # worked out once: it reads the cgroup's files
+
+        def load_codec() -> CodecDecoder:
+            return CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device,
+                                runtime=settings.codec_runtime, lanes=threads.codec_lanes)
+
+        def graph_error(e: Exception) -> ModelFolderError:
+            return ModelFolderError(f"{self.folder}: cannot load the ONNX graphs ({e})")
+
+        # The codec on OpenVINO goes first: importing it maps its whole cached blob before the pages go
+        # back (openvino_session.py), a peak lowest with nothing else loaded yet.
+        try:
+            early_codec = load_codec() if settings.codec_runtime == "openvino" else None
+        except Exception as e:  # the runtimes raise their own exception types for corrupt graphs
+            raise graph_error(e) from e
         self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant, threads))
         self.codec_overlap = settings.overlaps_codec
         try:
             self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads.predictor, device=settings.device)
-            self.codec = CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device,
-                                      runtime=settings.codec_runtime, lanes=threads.codec_lanes)
-        except Exception as e:  # onnxruntime raises its own exception types for corrupt graphs
+            self.codec = early_codec or load_codec()
+        except Exception as e:
             self.talker.close()
-            raise ModelFolderError(f"{self.folder}: cannot load the ONNX graphs ({e})") from e
+            raise graph_error(e) from e
         self.settings = settings
         release_freed_heap()
 

@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 import threading
 
 import numpy as np
@@ -172,6 +173,38 @@ def test_an_engine_built_without_the_start_up_check_refuses_too(tiny_cv_f32):
         LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, deterministic=True, codec_runtime="openvino"))
     with pytest.raises(CodecRuntimeError, match="expected one of"):
         LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, codec_runtime="openvno"))
+
+
+def test_the_codec_on_openvino_loads_before_the_talker(tiny_cv_f32, monkeypatch):
+    """Its import maps the whole cached blob for a moment (openvino_session.py): first, while the
+    process holds little else. ONNX Runtime's codec keeps the engine's order (after the talker)."""
+    from qwen3_tts_gguf import talker as talker_module
+    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+
+    order = []
+    real_talker = talker_module.Talker
+    monkeypatch.setattr(talker_module, "Talker", lambda *a, **k: order.append("talker") or real_talker(*a, **k))
+    import qwen3_tts_gguf.codec as codec_module
+
+    real_codec = codec_module.CodecDecoder
+    monkeypatch.setattr(codec_module, "CodecDecoder", lambda *a, **k: order.append("codec") or real_codec(*a, **k))
+    for runtime, expected in (("openvino", ["codec", "talker"]), ("onnxruntime", ["talker", "codec"])):
+        order.clear()
+        LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, codec_runtime=runtime)).close()
+        assert order == expected, runtime
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_a_corrupt_codec_graph_is_a_model_folder_error(tiny_cv_f32, tmp_path, runtime):
+    from qwen3_tts_gguf.manifest import CODEC_FILE, ModelFolderError
+    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_cv_f32, folder, ignore=shutil.ignore_patterns(".openvino"))
+    graph = folder / CODEC_FILE
+    graph.write_bytes(b"\xff" * graph.stat().st_size)  # the size the manifest expects, not a graph
+    with pytest.raises(ModelFolderError, match="cannot load the ONNX graphs"):
+        LoadedModel(folder, EngineSettings(threads=2, max_streams=1, codec_runtime=runtime))
 
 
 def _blob_resident(cache) -> tuple[int, int]:
