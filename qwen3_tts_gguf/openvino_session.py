@@ -113,7 +113,8 @@ def _config(threads: int, streams: int, precision: str) -> dict:
 
 
 def _writable_cache(graph: Path) -> Path | None:
-    """The cache folder beside `graph`, created if need be; None where the model folder is read-only."""
+    """The cache folder beside `graph`, created if need be; None where it cannot be made or written
+    (a read-only model folder)."""
     cache = graph.parent / CACHE_FOLDER
     try:
         cache.mkdir(exist_ok=True)
@@ -210,25 +211,24 @@ class OpenVINOSession:
     """An ONNX graph compiled by OpenVINO for the CPU, called like an ONNX Runtime session
     (`run(output_names, feeds)`). `threads` per call; `streams` calls may run at once (one infer
     request per calling thread), as the engine's codec lanes do. `metadata`: the file's
-    metadata_props (ONNX Runtime's custom_metadata_map). `cache`: compile through OpenVINO's model
-    cache beside the graph (module docstring); False compiles from the file."""
+    metadata_props (ONNX Runtime's custom_metadata_map). It compiles through OpenVINO's model cache
+    beside the graph where it can (module docstring), else from the file."""
 
-    def __init__(self, path: str | Path, *, threads: int, streams: int = 1, precision: str = "f32",
-                 cache: bool = True):
+    def __init__(self, path: str | Path, *, threads: int, streams: int = 1, precision: str = "f32"):
         import openvino as ov
 
         path = Path(path)
         config = _config(threads, streams, precision)
         core = ov.Core()
-        folder = _writable_cache(path) if cache else None
+        folder = _writable_cache(path)
         metadata = None
         if folder is not None:
             ready = folder / f"{_stamp(path, config)}.json"
             stamp = _read_stamp(ready)
             metadata = stamp["metadata"] if stamp else _fill_cache(path, folder, config, ready)
-        elif cache:
-            log.warning("%s is read-only: the codec on OpenVINO compiles from the file and holds more memory",
-                        path.parent)
+        else:
+            log.warning("%s cannot hold OpenVINO's cache (%s; read-only?): the codec on OpenVINO compiles from "
+                        "the file and holds more memory", path.parent, CACHE_FOLDER)
         if metadata is not None:
             self._cache: Path | None = folder
             self.metadata: dict[str, str] = metadata
