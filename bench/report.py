@@ -8,7 +8,7 @@ from qwen3_tts_gguf.model import KV_CELLS_PER_STREAM
 
 from .busy import LOADS as BUSY_LOADS
 from .common import FRAME_RATE, TEXT, median
-from .experiments import EXPERIMENTS, STRESS_ARGS
+from .experiments import EXPERIMENTS, OVERLAP_RUNTIMES, OVERLAP_VARIANTS, STRESS_ARGS
 
 SAMPLING = "temperature 0.9, top-k 50, top-p 1.0 for codebook 0 (repetition penalty 1.05) and for the code predictor"
 
@@ -302,7 +302,7 @@ def render_targets(res: dict) -> str:
     for shape, (key, _) in heads.items():
         run = res["shapes"][shape].get("ours", {}).get(f"{fast.quant}+{fast.cp_precision}/t{_split(key)[2]}") if key else None
         fast_rtf.append(_med(run["single"], "rtf") if _ok(run) and run.get("single") else None)
-    add(f"one stream, `--preset fast` (talker {fast.quant}, code predictor {fast.cp_precision}; agreement in "
+    add(f"one stream, `--preset fast` ({_preset_words('fast')}; agreement in "
         "*Agreement of the quantized paths*): RTF", _goal(FAST_RTF_TARGET), fast_rtf, 2,
         _verdict(fast_rtf[0], FAST_RTF_TARGET))
 
@@ -1071,11 +1071,7 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
       "state; the tests hold chunked audio to one whole decode), except on OpenVINO (`--codec-runtime openvino`: the "
       "same graph compiled by another runtime, samples within fp32 rounding, *Codec precision*).\n")
     w(block.get("markdown", "**Not measured.**"))
-    runs, conc = block.get("runs", {}), block.get("concurrency", {})
-    default = next((k for k in runs if "(default)" in k), None)
-    inline = next((k for k in runs if "inline" in k), None)
-    lanes = next((k for k in runs if "lanes" in k), None)
-    openvino = next((k for k in runs if "OpenVINO" in k), None)
+    inline, default, lanes, openvino = OVERLAP_VARIANTS
     for label, before, after in (("The default (overlapped) against inline", inline, default),
                                  ("Codec calls of one thread in lanes (`--codec-threads 1`) against the default",
                                   default, lanes),
@@ -1086,13 +1082,11 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
             w("\n" + line)
     fast = block.get("fast")
     if fast:
-        fruns = fast.get("runs", {})
         w(f"\nWith `--preset fast` ({_preset_words('fast')}), the default codec and OpenVINO's, measured the same way "
           "after the table above:\n")
         w(fast.get("markdown", "**Not measured.**"))
-        line = _overlap_comparison("`--preset fast`: the codec on OpenVINO against the default", fast,
-                                   next((k for k in fruns if "(default)" in k), None),
-                                   next((k for k in fruns if "OpenVINO" in k), None))
+        line = _overlap_comparison("`--preset fast`: the codec on OpenVINO against the default", fast, default,
+                                   openvino)
         if line:
             w("\n" + line)
     w("")
@@ -1102,10 +1096,8 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
 def _overlap_targets(block: dict) -> list[str]:
     """Rows of the targets' block table from the overlap block's OpenVINO variants: one stream with `--preset
     fast` and the codec on OpenVINO, and eight streams on OpenVINO with either weights."""
-    def openvino(b: dict) -> tuple:
-        return _overlap_medians(b, next((k for k in b.get("runs", {}) if "OpenVINO" in k), None))
-
-    default, fast = openvino(block), openvino(block.get("fast") or {})
+    _, openvino = OVERLAP_RUNTIMES
+    default, fast = _overlap_medians(block, openvino), _overlap_medians(block.get("fast") or {}, openvino)
     rows = []
     if fast[0] is not None:
         rows.append(f"| one stream, `--preset fast` ({_preset_words('fast')}) with `--codec-runtime openvino`: RTF | "
@@ -1126,7 +1118,7 @@ def _preset_words(name: str) -> str:
     return f"talker {PRESETS[name].quant}, code predictor {PRESETS[name].cp_precision}"
 
 
-def _overlap_medians(block: dict, variant: str | None) -> tuple[float | None, float | None, float | None, float | None]:
+def _overlap_medians(block: dict, variant: str) -> tuple[float | None, float | None, float | None, float | None]:
     """(one stream's median RTF, eight streams' aggregate RTF, median first audio s, peak RSS MiB) of a variant
     in an overlap comparison (the block's "runs" and "concurrency"); None where not measured."""
     runs = (block.get("runs") or {}).get(variant) or []
@@ -1136,10 +1128,11 @@ def _overlap_medians(block: dict, variant: str | None) -> tuple[float | None, fl
             median(first) if first else None, conc.get("peak_rss_mb"))
 
 
-def _overlap_comparison(label: str, block: dict, before: str | None, after: str | None) -> str | None:
-    """"label: one stream's RTF a → b (%); eight streams' ...; first audio ...; peak RSS ...." or None."""
+def _overlap_comparison(label: str, block: dict, before: str, after: str) -> str | None:
+    """"label: one stream's RTF a → b (%); eight streams' ...; first audio ...; peak RSS ...." or None
+    when either variant has no single-stream runs."""
     (a, ca, fa, pa), (b, cb, fb, pb) = _overlap_medians(block, before), _overlap_medians(block, after)
-    if not (before and after and a and b):
+    if not (a and b):
         return None
     line = f"{label}: one stream's RTF {a:.2f} → {b:.2f} ({100 * (b / a - 1):+.0f} %)"
     if ca and cb:
