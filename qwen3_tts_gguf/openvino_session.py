@@ -87,17 +87,25 @@ CACHE_FOLDER = ".openvino"
 """OpenVINO's model cache, in the model folder beside the graph it compiles (hidden: never a file of the
 model's manifest)."""
 
-_FILL = """
-import json, sys
-import openvino as ov
-path, config, cache = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-core = ov.Core()
-framework = core.read_model(path).get_rt_info()["framework"]
-core.compile_model(path, "CPU", dict(config, CACHE_DIR=cache))
-print(json.dumps({key: value.astype(str) for key, value in framework.items()}))
-"""
-"""The child process that fills the cache: compiles `path` with `config` into `cache` and prints the
-graph's metadata (the compiled model imported from the cache carries none)."""
+def _graph_metadata(model) -> dict[str, str]:
+    """An OpenVINO model's ONNX metadata_props (its reader keeps them in rt_info["framework"])."""
+    return {key: value.astype(str) for key, value in model.get_rt_info()["framework"].items()}
+
+
+def fill_cache_child(path: str, config_json: str, cache: str) -> None:
+    """The child process that fills the cache (`_fill_cache`): compiles `path` with the config into
+    `cache` and prints the graph's metadata (the compiled model imported from the cache carries none)."""
+    import openvino as ov
+
+    core = ov.Core()
+    metadata = _graph_metadata(core.read_model(path))
+    core.compile_model(path, "CPU", dict(json.loads(config_json), CACHE_DIR=cache))
+    print(json.dumps(metadata))
+
+
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
+          "from qwen3_tts_gguf.openvino_session import fill_cache_child; fill_cache_child(*sys.argv[2:])")
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)  # where the child imports this package from
 
 _MADV_PAGEOUT = 21  # Linux 5.4+: drop these pages of the mapping (file pages are read again when touched)
 
@@ -144,7 +152,7 @@ def _fill_cache(graph: Path, cache: Path, config: dict, ready: Path) -> dict[str
     of another OpenVINO or of an earlier version of the file go (`_drop_stale`)."""
     work = Path(tempfile.mkdtemp(prefix=".fill-", dir=cache))
     try:
-        done = subprocess.run([sys.executable, "-c", _FILL, str(graph), json.dumps(config), str(work)],
+        done = subprocess.run([sys.executable, "-c", _CHILD, _PACKAGE_ROOT, str(graph), json.dumps(config), str(work)],
                               capture_output=True, text=True, timeout=900, check=True)
         metadata = json.loads(done.stdout.strip().splitlines()[-1])
         blobs = []
@@ -236,8 +244,7 @@ class OpenVINOSession:
         else:
             self._cache = None
             model = core.read_model(str(path))
-            framework = model.get_rt_info()["framework"]  # where OpenVINO's ONNX reader keeps metadata_props
-            self.metadata = {key: value.astype(str) for key, value in framework.items()}
+            self.metadata = _graph_metadata(model)
             self._compiled = core.compile_model(model, "CPU", config)
             del model  # the compiled model has what it needs
         self._port = {}  # output name -> index in the compiled model's outputs
@@ -260,10 +267,11 @@ class OpenVINOSession:
         request.infer(feeds)
         # copies: the request reuses its output buffers on the next call
         out = [np.array(request.get_output_tensor(self._port[name]).data) for name in output_names]
-        shape = tuple(np.shape(v) for v in feeds.values())
-        with self._shapes_lock:
-            new = shape not in self._shapes
-            self._shapes.add(shape)
-        if new:  # its first call read weights from the blob to reorder them: give those pages back
-            self._page_out()
+        if self._cache is not None:
+            shape = tuple(np.shape(v) for v in feeds.values())
+            with self._shapes_lock:
+                new = shape not in self._shapes
+                self._shapes.add(shape)
+            if new:  # its first call read weights from the blob to reorder them: give those pages back
+                self._page_out()
         return out
