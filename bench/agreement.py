@@ -41,40 +41,54 @@ def _talker_run(folder: Path, quant: str, rows: np.ndarray, threads: int,
         talker.close()
 
 
+def _teacher_rows(folder: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The headline prompt's rows, then STEPS frames of random codes (teacher forcing): (rows, codes)."""
+    from qwen3_tts_gguf.embeddings import EmbeddingTables
+    from qwen3_tts_gguf.manifest import load_manifest
+    from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
+    from qwen3_tts_gguf.tokenizer import TextTokenizer
+
+    manifest = load_manifest(folder)
+    tables = EmbeddingTables(folder / "text_tables.safetensors")
+    prompts = PromptBuilder(manifest, TextTokenizer(folder, manifest.tokenizer["pretokenizer"]), tables)
+    prompt = prompts.build(TEXT, VoiceSpec(speaker=SPEAKER, language=LANGUAGE), TEXT_MODE)
+    codes = np.random.default_rng(seed).integers(0, 2048, (STEPS, 16))
+    rows = np.concatenate([prompt.rows, tables.frame_rows(codes) + prompt.pad_row]).astype(np.float32)
+    return rows, codes
+
+
+def talker_agreement(talkers: dict[str, Path], ref_quant: str, threads: int, seed: int = 0) -> tuple[dict, np.ndarray]:
+    """Each quant of `talkers` ({quant: model folder}) against `ref_quant`'s: codebook 0 equal, logits'
+    relative RMS error (median over the steps). Also returns the reference's hidden states."""
+    rows, _ = _teacher_rows(talkers[ref_quant], seed)
+    ref_logits, ref_hidden = _talker_run(talkers[ref_quant], ref_quant, rows, threads)
+    out = {}
+    for quant, folder in talkers.items():
+        if quant == ref_quant:
+            continue
+        logits, _ = _talker_run(folder, quant, rows, threads)
+        out[quant] = {
+            "code0_agree": float((logits.argmax(-1) == ref_logits.argmax(-1)).mean()),
+            "logits_rel_rms_median": float(np.median([_rel_rms(a, b) for a, b in zip(logits, ref_logits)])),
+        }
+    return out, (ref_logits, ref_hidden)
+
+
 def measure(folders: dict[str, str], threads: int) -> dict:
     """`folders`: {"quant/cp": model folder} as the orchestrator converted them."""
     from qwen3_tts_gguf.codec import CodecDecoder
-    from qwen3_tts_gguf.embeddings import EmbeddingTables
-    from qwen3_tts_gguf.manifest import load_manifest
     from qwen3_tts_gguf.predictor import CodePredictor
-    from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
     from qwen3_tts_gguf.sampler import SamplingParams, pack
-    from qwen3_tts_gguf.tokenizer import TextTokenizer
 
     folders = {k: Path(v) for k, v in folders.items()}
     talkers = {k.split("/")[0]: f for k, f in folders.items()}
     predictors = {k.split("/")[1]: f for k, f in folders.items() if k.startswith("q8_0/")}
     ref_quant = "f16" if "f16" in talkers else sorted(talkers)[0]
-    ref = talkers[ref_quant]
-    manifest = load_manifest(ref)
-    tables = EmbeddingTables(ref / "text_tables.safetensors")
-    prompts = PromptBuilder(manifest, TextTokenizer(ref, manifest.tokenizer["pretokenizer"]), tables)
-    prompt = prompts.build(TEXT, VoiceSpec(speaker=SPEAKER, language=LANGUAGE), TEXT_MODE)
-    rng = np.random.default_rng(0)
-    codes = rng.integers(0, 2048, (STEPS, 16))
-    rows = np.concatenate([prompt.rows, tables.frame_rows(codes) + prompt.pad_row]).astype(np.float32)
+    rows, codes = _teacher_rows(talkers[ref_quant])
 
-    out: dict = {"reference_quant": ref_quant, "steps": STEPS + 1, "talker": {}, "code_predictor": {}}
-    ref_logits, ref_hidden = _talker_run(ref, ref_quant, rows, threads)
+    out: dict = {"reference_quant": ref_quant, "steps": STEPS + 1, "code_predictor": {}}
+    out["talker"], (ref_logits, ref_hidden) = talker_agreement(talkers, ref_quant, threads)
     ref_code0 = ref_logits.argmax(-1)
-    for quant, folder in talkers.items():
-        if quant == ref_quant:
-            continue
-        logits, _ = _talker_run(folder, quant, rows, threads)
-        out["talker"][quant] = {
-            "code0_agree": float((logits.argmax(-1) == ref_code0).mean()),
-            "logits_rel_rms_median": float(np.median([_rel_rms(a, b) for a, b in zip(logits, ref_logits)])),
-        }
 
     # the KV cache's precision, on the headline talker: each quantized cache's cells against f16 cells
     from qwen3_tts_gguf.talker import KV_CACHE_TYPES
@@ -105,7 +119,7 @@ def measure(folders: dict[str, str], threads: int) -> dict:
                     [_rel_rms(a, b) for a, b in zip(cp_logits[:, 0], ref_cp_logits[:, 0])])),
             }
 
-    codec = CodecDecoder(ref / "codec_decoder.onnx", threads=threads)
+    codec = CodecDecoder(talkers[ref_quant] / "codec_decoder.onnx", threads=threads)
     whole = codec.decode_all(codes)
     chunked, _ = decode_chunked(codec, codes)
     out["codec"] = {"frames": len(codes), "chunks": list(CHUNKS), "max_abs_diff": float(np.abs(chunked - whole).max()),

@@ -5,9 +5,10 @@
     python -m bench.experiments cp-quant [--rounds 6]       # code predictor fp32 / int8 / int4: speed, agreement
     python -m bench.experiments codec-batch [--rounds 4]    # codec: one call per stream vs all streams stacked
     python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
+    python -m bench.experiments talker-quants [--quants q4_k_m,iq4_nl]  # the preset's model with each talker quant
     python -m bench.experiments malloc [--thresholds 131072] # glibc's dynamic mmap threshold against fixed ones
     python -m bench.experiments omp-spin [--load cpu1]      # llama.cpp's OpenMP threads: how long they spin before sleeping
-    python -m bench.experiments graphs [--rounds 6]         # the codec's polynomial Snake, the fused code-predictor MatMuls
+    python -m bench.experiments graphs [--rounds 6]         # the codec's polynomial Snake, the fused code-predictor MatMuls, GQA
 
 `--load cpu1|cpu2|stream1` runs the comparison beside that `stress-ng` load (bench/busy.py's LOADS).
 
@@ -91,6 +92,35 @@ def presets(args) -> dict:
     return _compare(args, variants)
 
 
+def talker_quants(args) -> dict:
+    """`--preset`'s model with each talker quant of `--quants` (its code predictor precision kept): the
+    engine repacks each quant it measured faster that way (`talker.repack_pays`)."""
+    from qwen3_tts_gguf.convert.presets import PRESETS
+
+    from .agreement import talker_agreement
+
+    preset = PRESETS[args.preset]
+    base = dict(_session_base(args), threads=args.threads)
+    variants, folders = {}, {}
+    for quant in args.quants:
+        folders[quant] = _model_dir(args.shape, quant, preset.cp_precision)
+        mark = f" (`--preset {args.preset}`)" if quant == preset.quant else ""
+        variants[f"talker {quant}{mark}"] = (dict(base, model_dir=str(folders[quant])), {})
+    result = _compare(args, variants)
+    folders["f16"] = _model_dir(args.shape, "f16", preset.cp_precision)
+    rows = []
+    for seed in range(3):  # three teacher-forced code sequences: the spread says how far one run is from another
+        agree, _ = talker_agreement(folders, "f16", args.threads, seed)
+        rows.append(agree)
+    table = _table([[quant, " / ".join(f"{100 * r[quant]['code0_agree']:.1f} %" for r in rows),
+                     " / ".join(f"{100 * r[quant]['logits_rel_rms_median']:.1f} %" for r in rows)]
+                    for quant in args.quants],
+                   ["talker", "codebook 0 equal to f16's (3 code sequences)", "logits' relative RMS error (median)"])
+    result["agreement"] = rows
+    result["markdown"] += "\n\nAgainst the f16 talker (bench/agreement.py, random weights):\n\n" + table
+    return result
+
+
 def malloc(args) -> dict:
     """glibc's dynamic mmap threshold (a freed large block raises it, so later blocks of that size stay in
     the heap) against fixed ones (`--thresholds`, the engine's `heap_map_threshold`: every larger block
@@ -146,7 +176,7 @@ def omp_policy(args) -> dict:
 
 
 GRAPH_VARIANTS = ("codec Snake with Sin", "code predictor q, k, v and gate, up separate",
-                  "both (the graphs before 2026-12-01)")
+                  "both (the graphs before 2026-12-01)", "code predictor attention as GroupQueryAttention")
 
 
 def graph_variants(model: Path, out: Path) -> dict[str, Path]:
@@ -162,8 +192,10 @@ def graph_variants(model: Path, out: Path) -> dict[str, Path]:
     sin = {CODEC_FILE: lambda p: save_model(build_codec_decoder(ckpt, snake_sin=True), p)}
     separate = {PREDICTOR_FILE: lambda p: save_model(
         quantize_code_predictor(build_code_predictor(ckpt, fuse=False), "int8"), p, external=True)}
+    gqa = {PREDICTOR_FILE: lambda p: save_model(
+        quantize_code_predictor(build_code_predictor(ckpt, attention="gqa"), "int8"), p, external=True)}
     folders = {}
-    for name, files in zip(GRAPH_VARIANTS, (sin, separate, {**sin, **separate})):
+    for name, files in zip(GRAPH_VARIANTS, (sin, separate, {**sin, **separate}, gqa)):
         folder = folders[name] = out / name.split(" (")[0].replace(" ", "-").replace(",", "")
         shutil.copytree(model, folder, ignore=shutil.ignore_patterns(*(f + "*" for f in files)))
         for file, build in files.items():
@@ -175,9 +207,9 @@ def graph_variants(model: Path, out: Path) -> dict[str, Path]:
 
 
 def graphs(args) -> dict:
-    """The converter's graph choices of 2026-12-01 side by side in the engine (`graph_variants`): the
-    codec's Snake with ONNX `Sin` instead of the polynomial, and the code predictor's q, k, v and gate, up
-    as separate MatMuls."""
+    """The converter's graph choices side by side in the engine (`graph_variants`): the codec's Snake with
+    ONNX `Sin` instead of the polynomial, the code predictor's q, k, v and gate, up as separate MatMuls
+    (both the converter's before 2026-12-01), and its attention as ONNX Runtime's GroupQueryAttention."""
     import tempfile
 
     base = _session_base(args)
@@ -352,7 +384,7 @@ def codec_batch(args) -> dict:
 STRESS_ARGS = {key: args for key, args, _ in LOADS if args}  # --load: stress-ng's arguments per load
 
 EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
-               "codec-batch": codec_batch, "presets": presets, "malloc": malloc, "omp-spin": omp_spin,
+               "codec-batch": codec_batch, "presets": presets, "talker-quants": talker_quants, "malloc": malloc, "omp-spin": omp_spin,
                "omp-policy": omp_policy, "graphs": graphs}
 
 
@@ -367,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", default="0.6b")
     p.add_argument("--preset", default="default", help="the converter preset whose model every variant loads")
     p.add_argument("--kv-cache", help="the talker's KV cache precision for every variant (default: the engine's)")
+    p.add_argument("--quants", type=lambda v: v.split(","), default=["q4_k_m", "iq4_nl"],
+                   help="talker-quants: the talker quants to compare (the converter's QUANTS)")
     p.add_argument("--thresholds", type=lambda v: [int(x) for x in v.split(",")], default=[131072],
                    help="malloc: fixed mmap thresholds beside the engine's, bytes")
     p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")

@@ -42,7 +42,7 @@ def test_the_graph_variants_load_and_differ_where_they_say(tiny_cv_f32, tmp_path
 
     folders = graph_variants(tiny_cv_f32, tmp_path)
     assert list(folders) == list(GRAPH_VARIANTS)
-    sin, separate, both = folders.values()
+    sin, separate, both, gqa = folders.values()
     for folder in folders.values():
         load_manifest(folder, verify_hashes=True)
     assert ops(sin / CODEC_FILE, "Sin") == ops(both / CODEC_FILE, "Sin") > ops(tiny_cv_f32 / CODEC_FILE, "Sin")
@@ -53,3 +53,5 @@ def test_the_graph_variants_load_and_differ_where_they_say(tiny_cv_f32, tmp_path
     separate_nbits = ops(separate / PREDICTOR_FILE, "MatMulNBits")
     assert separate_nbits == ops(both / PREDICTOR_FILE, "MatMulNBits")
     assert separate_nbits - sum(n.op_type == "MatMulNBits" for n in fused.graph.node) == 3 * layers * steps
+    assert ops(gqa / PREDICTOR_FILE, "GroupQueryAttention") == layers * steps
+    assert ops(gqa / PREDICTOR_FILE, "MatMulNBits") == sum(n.op_type == "MatMulNBits" for n in fused.graph.node)

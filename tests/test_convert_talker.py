@@ -19,7 +19,7 @@ from tests.reference.runner import load_official, talker_forward, text_rows
 HIDDEN_TOL = 2e-5
 LOGIT_TOL = 2e-4
 # Quantized talkers are not exact: their agreement with f32 is reported, and bounded loosely.
-QUANT_REL_RMS = {"bf16": 0.02, "f16": 0.01, "q8_0": 0.05, "q5_k_m": 0.12, "q4_k_m": 0.25}
+QUANT_REL_RMS = {"bf16": 0.02, "f16": 0.01, "q8_0": 0.05, "q5_k_m": 0.12, "q4_k_m": 0.25, "iq4_nl": 0.3}
 Q4_0_KV_REL_RMS = 0.15  # the opt-in q4_0 KV cache, f32 talker, against the official logits (measured 0.095)
 
 
@@ -75,7 +75,7 @@ def test_two_streams_in_one_decode_equal_separate_runs(tiny_cv, tmp_path):
     talker.close()
 
 
-@pytest.mark.parametrize("quant", ["bf16", "f16", "q8_0", "q4_k_m"])
+@pytest.mark.parametrize("quant", ["bf16", "f16", "q8_0", "q4_k_m", "iq4_nl"])
 def test_quantized_talker_agreement(tiny_cv, tmp_path, quant, record_property):
     ckpt = Checkpoint.open(tiny_cv)
     write_talker_gguf(ckpt, tmp_path / "talker.gguf", quant)
@@ -121,26 +121,27 @@ def _maps_file(path) -> bool:
 
 
 @pytest.mark.parametrize("repack", [False, True])
-def test_k_quants_apply_on_256_wide_rows(checkpoint_factory, tmp_path, repack):
-    """q4_k_m as loaded plainly and with llama.cpp's repacked kernels (the fast profile's choice
-    on CPUs without AMX): both agree with the official forward, one row and several at once."""
+@pytest.mark.parametrize("quant, kinds", [("q4_k_m", {"Q4_K", "Q6_K"}), ("iq4_nl", {"IQ4_NL"})])
+def test_4_bit_quants_apply_on_wide_rows(checkpoint_factory, tmp_path, quant, kinds, repack):
+    """q4_k_m and iq4_nl as loaded plainly and with llama.cpp's repacked kernels (what the engine uses on
+    CPUs without AMX): both agree with the official forward, one row and several at once."""
     if repack and cpu_has_amx() is not False:
         pytest.skip("repacking is only used on CPUs known to lack AMX")
     small = checkpoint_factory("small_cv")
     ckpt = Checkpoint.open(small)
-    write_talker_gguf(ckpt, tmp_path / "talker.gguf", "q4_k_m")
+    write_talker_gguf(ckpt, tmp_path / "talker.gguf", quant)
     types = gguf_tensor_types(tmp_path / "talker.gguf")
-    assert {"Q4_K", "Q6_K"} & set(types.values()), types
+    assert kinds <= set(types.values()), types
     talker = Talker(tmp_path / "talker.gguf", TalkerSettings(n_ctx=128, max_streams=2, repack=repack))
     # repacked weights live in llama.cpp's own buffers: the file is read, not mapped beside them
     assert _maps_file(tmp_path / "talker.gguf") is not repack
     rows = np.random.default_rng(3).standard_normal((5, talker.hidden_size)).astype(np.float32)
     logits, _ = talker.decode([DecodeItem(0, 0, rows)])
     ref_logits, _ = talker_forward(small, rows)
-    assert _rel_rms(logits[0], ref_logits[-1]) < QUANT_REL_RMS["q4_k_m"]
+    assert _rel_rms(logits[0], ref_logits[-1]) < QUANT_REL_RMS[quant]
     for k in range(1, 5):  # the same rows one at a time (single-row kernels) in another sequence
         step, _ = talker.decode([DecodeItem(1, k - 1, rows[k - 1:k])])
-        assert _rel_rms(step[0], ref_logits[k - 1]) < QUANT_REL_RMS["q4_k_m"]
+        assert _rel_rms(step[0], ref_logits[k - 1]) < QUANT_REL_RMS[quant]
     talker.close()
 
 
@@ -204,4 +205,4 @@ def test_repack_only_for_measured_quants_on_cpus_without_amx():
     assert not repack_pays("f32") and not repack_pays("f16")
     assert not repack_pays("q4_k_m", deterministic=True)  # the parity profile keeps one kernel path
     assert not repack_pays("q4_k_m", gpu_layers=10)
-    assert repack_pays("q4_k_m") == (cpu_has_amx() is False)
+    assert repack_pays("q4_k_m") == repack_pays("iq4_nl") == (cpu_has_amx() is False)

@@ -384,3 +384,28 @@ def test_weights_that_read_the_same_rows_are_one_matmul(setup):
         inputs = [n.input[0] for n in model.graph.node
                   if n.op_type == op and n.input[1] in weights and not n.name.startswith(ROPE_NODE)]
         assert len(inputs) == len(set(inputs)) > 0
+
+
+def test_group_query_attention_graph_equals_the_default(setup, tmp_path):
+    """`attention="gqa"` (bench.experiments graphs): one GroupQueryAttention node per layer and step in place
+    of the standard ops, the same teacher-forced logits as the official code predictor, batch and steps."""
+    import onnx
+
+    gqa = build_code_predictor(setup.ckpt, teacher_forced=True, attention="gqa")
+    nodes = [n for n in gqa.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(nodes) == setup.ckpt.config.code_predictor.num_layers * 15
+    assert {n.domain for n in nodes} == {"com.microsoft"} and "com.microsoft" in {o.domain for o in gqa.opset_import}
+    onnx.checker.check_model(gqa)
+    save_model(gqa, tmp_path / "cp_gqa_tf.onnx")
+    session = make_session(tmp_path / "cp_gqa_tf.onnx", threads=2)
+    hidden, code0, codes = _frames(setup, 3, seed=11)
+    feeds = {"hidden": hidden, "code0": code0, "rand": np.zeros((3, 15), np.float32), "forced_codes": codes,
+             **sampler.pack(GREEDY, 3)}
+    got_codes, frame, logits = session.run(None, feeds)
+    want_codes, want_frame, want_logits = _run_forced(setup, hidden, code0, codes)
+    assert np.abs(logits - _official_forced_logits(setup.talker, hidden, code0, codes)).max() < LOGIT_ATOL
+    np.testing.assert_allclose(logits, want_logits, atol=5e-5)
+    np.testing.assert_array_equal(got_codes, want_codes)
+    np.testing.assert_array_equal(frame, want_frame)
+    with pytest.raises(ValueError, match="attention"):
+        build_code_predictor(setup.ckpt, attention="flash")

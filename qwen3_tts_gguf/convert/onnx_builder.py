@@ -93,11 +93,13 @@ class GraphBuilder:
         return name
 
     # -- ops ------------------------------------------------------------------------------
-    def op(self, op_type: str, *inputs: str | None, outputs: int = 1, name: str | None = None, **attrs):
-        """Append a node; returns its output name, or a list when outputs > 1."""
+    def op(self, op_type: str, *inputs: str | None, outputs: int = 1, name: str | None = None,
+           domain: str = "", **attrs):
+        """Append a node (of ONNX Runtime's contrib ops with `domain` "com.microsoft"); returns its
+        output name, or a list when outputs > 1. None inputs are left out (empty names)."""
         outs = [self.fresh(op_type.lower()) for _ in range(outputs)]
         ins = ["" if i is None else i for i in inputs]
-        self.nodes.append(helper.make_node(op_type, ins, outs, name=name or outs[0], **attrs))
+        self.nodes.append(helper.make_node(op_type, ins, outs, name=name or outs[0], domain=domain, **attrs))
         return outs[0] if outputs == 1 else outs
 
     # -- common blocks --------------------------------------------------------------------
@@ -125,7 +127,9 @@ class GraphBuilder:
     # -- output ---------------------------------------------------------------------------
     def model(self, metadata: dict[str, str] | None = None, doc: str = "") -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)],
+        domains = sorted({n.domain for n in self.nodes if n.domain})
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)]
+                                  + [helper.make_opsetid(d, 1) for d in domains],
                                   producer_name="qwen3_tts_gguf", doc_string=doc)
         model.ir_version = 8
         for key, value in (metadata or {}).items():

@@ -29,6 +29,7 @@ from .presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
 NUM_STEPS = 15  # codebooks 1..15
 ROPE_NODE = "rope_rotation"  # MatMuls by constant rotations: exact in fp32, never quantized
 INPUTS = ("hidden", "code0", "rand", "temperature", "top_k", "top_p", "greedy")
+ATTENTIONS = ("matmul", "gqa")
 
 
 def rope_tables(head_dim: int, theta: float, positions: np.ndarray, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -42,8 +43,8 @@ def rope_tables(head_dim: int, theta: float, positions: np.ndarray, dtype=np.flo
 class _Stack:
     """Builds Qwen3 decoder layers whose weights are registered once and shared by every step."""
 
-    def __init__(self, b: GraphBuilder, weights, prefix: str, cfg, fuse: bool = True):
-        self.b, self.w, self.prefix, self.cfg, self.fuse = b, weights, prefix, cfg, fuse
+    def __init__(self, b: GraphBuilder, weights, prefix: str, cfg, fuse: bool = True, attention: str = "matmul"):
+        self.b, self.w, self.prefix, self.cfg, self.fuse, self.attention = b, weights, prefix, cfg, fuse, attention
         self._names: dict[str, str] = {}
 
     def param(self, name: str, transpose: bool = False) -> str:
@@ -96,15 +97,28 @@ class _Stack:
         """One decoder layer on rows x [B,T,D] at `positions`; appends this step's K/V to cache[i]."""
         b, c = self.b, self.cfg
         p = f"{self.prefix}.layers.{i}"
-        T, g = len(positions), c.num_heads // c.num_kv_heads
+        T = len(positions)
 
         a = self.rms_norm(x, f"{p}.input_layernorm.weight")
         q, k, v = self.matmuls(a, [f"{p}.self_attn.{n}_proj.weight" for n in "qkv"], f"{p}.self_attn.qkv_proj.weight")
-        q = b.op("Reshape", q, b.const([0, T, c.num_heads, c.head_dim]))
-        k = b.op("Reshape", k, b.const([0, T, c.num_kv_heads, c.head_dim]))
+        q = self.rms_norm(b.op("Reshape", q, b.const([0, T, c.num_heads, c.head_dim])), f"{p}.self_attn.q_norm.weight")
+        k = self.rms_norm(b.op("Reshape", k, b.const([0, T, c.num_kv_heads, c.head_dim])), f"{p}.self_attn.k_norm.weight")
+        attend = self.attention_gqa if self.attention == "gqa" else self.attention_matmul
+        x = b.op("Add", x, self.matmul(attend(q, k, v, i, cache, positions), f"{p}.self_attn.o_proj.weight"))
+
+        h = self.rms_norm(x, f"{p}.post_attention_layernorm.weight")
+        gate, up = self.matmuls(h, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], f"{p}.mlp.gate_up_proj.weight")
+        act = b.op("Mul", b.silu(gate), up)
+        return b.op("Add", x, self.matmul(act, f"{p}.mlp.down_proj.weight"))
+
+    def attention_matmul(self, q: str, k: str, v: str, i: int, cache: list, positions: list[int]) -> str:
+        """Attention of normed q [B,T,heads,hd] and k [B,T,kv,hd], v [B,T,kv*hd] in standard ops (every
+        execution provider has them): rotary MatMuls, the cache as Concats, MatMul, Softmax, MatMul.
+        Returns [B,T,heads*hd]."""
+        b, c = self.b, self.cfg
+        T, g = len(positions), c.num_heads // c.num_kv_heads
+        q, k = self.rope(q, positions), self.rope(k, positions)
         v = b.op("Reshape", v, b.const([0, T, c.num_kv_heads, c.head_dim]))
-        q = self.rope(self.rms_norm(q, f"{p}.self_attn.q_norm.weight"), positions)
-        k = self.rope(self.rms_norm(k, f"{p}.self_attn.k_norm.weight"), positions)
         k = b.op("Transpose", k, perm=[0, 2, 1, 3])  # [B,kv,T,hd]
         v = b.op("Transpose", v, perm=[0, 2, 1, 3])
         if cache[i] is not None:
@@ -122,13 +136,31 @@ class _Stack:
             scores = b.op("Add", scores, b.const(mask))
         attn = b.op("MatMul", b.op("Softmax", scores, axis=-1), v)  # [B,kv,g*T,hd]
         attn = b.op("Reshape", attn, b.const([0, c.num_heads, T, c.head_dim]))
-        attn = b.op("Reshape", b.op("Transpose", attn, perm=[0, 2, 1, 3]), b.const([0, T, c.num_heads * c.head_dim]))
-        x = b.op("Add", x, self.matmul(attn, f"{p}.self_attn.o_proj.weight"))
+        return b.op("Reshape", b.op("Transpose", attn, perm=[0, 2, 1, 3]), b.const([0, T, c.num_heads * c.head_dim]))
 
-        h = self.rms_norm(x, f"{p}.post_attention_layernorm.weight")
-        gate, up = self.matmuls(h, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], f"{p}.mlp.gate_up_proj.weight")
-        act = b.op("Mul", b.silu(gate), up)
-        return b.op("Add", x, self.matmul(act, f"{p}.mlp.down_proj.weight"))
+    def attention_gqa(self, q: str, k: str, v: str, i: int, cache: list, positions: list[int]) -> str:
+        """The same attention as one GroupQueryAttention node (ONNX Runtime's contrib op, rotary and
+        cache inside): a fifth fewer nodes. Not the converter's graph: its CPU kernel takes float32 but
+        CUDA's does not, and the gain stayed within the engine's noise (0.6B int8, one frame alone 58.5 ->
+        53.3 ms, median of 10; in the engine 69 -> 69 ms per frame, `python -m bench.experiments graphs`,
+        2026-12-02 06:27)."""
+        b, c = self.b, self.cfg
+        T, S = len(positions), positions[-1] + 1
+        if "gqa_batch" not in self._names:
+            cos, sin = rope_tables(c.head_dim, c.rope_theta, np.arange(NUM_STEPS + 1), self.b.float_type)
+            self._names["gqa_cos"], self._names["gqa_sin"] = (b.const(t[:, :c.head_dim // 2]) for t in (cos, sin))
+            self._names["gqa_batch"] = b.op("Slice", b.op("Shape", q), b.const([0]), b.const([1]))
+        if f"gqa_seqlens_{S}" not in self._names:  # per row: the cache's length after this step, minus 1
+            self._names[f"gqa_seqlens_{S}"] = b.op("Expand", b.const([S - 1], np.int32), self._names["gqa_batch"])
+        q = b.op("Reshape", q, b.const([0, T, c.num_heads * c.head_dim]))
+        k = b.op("Reshape", k, b.const([0, T, c.num_kv_heads * c.head_dim]))
+        past = cache[i] or (None, None)
+        attn, *cache[i] = b.op(
+            "GroupQueryAttention", q, k, v, *past, self._names[f"gqa_seqlens_{S}"], b.const(S, np.int32),
+            self._names["gqa_cos"], self._names["gqa_sin"], outputs=3, domain="com.microsoft",
+            num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1, rotary_interleaved=0,
+            scale=float(c.head_dim ** -0.5))
+        return attn
 
 
 def _sample(b: GraphBuilder, logits: str, rand_col: str, temperature: str, k_index: str, sort_k: str,
@@ -193,14 +225,17 @@ def build_sampler(vocab: int, float_type=np.float32) -> onnx.ModelProto:
 
 
 def build_code_predictor(ckpt: Checkpoint, float_type=np.float32, teacher_forced: bool = False,
-                         fuse: bool = True) -> onnx.ModelProto:
+                         fuse: bool = True, attention: str = "matmul") -> onnx.ModelProto:
     """The code predictor of `ckpt` as one per-frame ONNX graph (opset 17); see the module doc.
-    `fuse=False` keeps q, k, v and gate, up as separate MatMuls (the bench's comparison)."""
+    `fuse=False` keeps q, k, v and gate, up as separate MatMuls; `attention="gqa"` makes each layer's
+    attention one GroupQueryAttention node (both for the bench's comparisons, `bench.experiments graphs`)."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     cfg, w = ckpt.config, ckpt.weights
     cp, H = cfg.code_predictor, cfg.talker.hidden_size
     vocab = int(w.shape_of("talker.code_predictor.lm_head.0.weight")[0])
     b = GraphBuilder("code_predictor" + ("_teacher_forced" if teacher_forced else ""), float_type)
-    stack = _Stack(b, w, "talker.code_predictor.model", cp, fuse)
+    stack = _Stack(b, w, "talker.code_predictor.model", cp, fuse, attention)
 
     hidden = b.input("hidden", "float", ["B", H])
     code0 = b.input("code0", np.int64, ["B"])

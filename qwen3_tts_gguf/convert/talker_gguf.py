@@ -3,9 +3,11 @@
 The talker's interleaved MRoPE is degenerate for TTS (all three position streams are equal), so it
 is exactly NeoX RoPE with theta 1e6: llama.cpp's `qwen3` graph computes it. The codec embedding
 [3072, H] is the token table (unused at run time: prompts go in as embeddings) and `codec_head`
-the output matrix. f32/f16/bf16 are written directly; q8_0 and the K-quants go through
+the output matrix. f32/f16/bf16 are written directly; q8_0, the K-quants and iq4_nl go through
 llama.cpp's own quantizer from a lossless intermediate (rows narrower than 256 make llama.cpp
-fall back to another type for those tensors).
+fall back to another type for those tensors). iq4_nl (4.5 bits per weight in blocks of 32, a
+non-linear grid) has repacked CPU kernels that make prefills and batched steps the fastest of the
+4-bit formats (`talker.REPACK_QUANTS`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import numpy as np
 
 from ..checkpoint import Checkpoint
 
-QUANTS = ("f32", "bf16", "f16", "q8_0", "q5_k_m", "q4_k_m")
+QUANTS = ("f32", "bf16", "f16", "q8_0", "q5_k_m", "q4_k_m", "iq4_nl")
 _DIRECT = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
            "bf16": gguf.GGMLQuantizationType.BF16}
-_LLAMA_FTYPE = {"q8_0": 7, "q4_k_m": 15, "q5_k_m": 17}  # llama_ftype values
+_LLAMA_FTYPE = {"q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "iq4_nl": 25}  # llama_ftype values
 _FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}
 
 _LAYER_TENSORS = {
