@@ -57,9 +57,11 @@ def _teacher_rows(folder: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rows, codes
 
 
-def talker_agreement(talkers: dict[str, Path], ref_quant: str, threads: int, seed: int = 0) -> tuple[dict, np.ndarray]:
-    """Each quant of `talkers` ({quant: model folder}) against `ref_quant`'s: codebook 0 equal, logits'
-    relative RMS error (median over the steps). Also returns the reference's hidden states."""
+def talker_agreement(talkers: dict[str, Path], ref_quant: str, threads: int,
+                     seed: int = 0) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
+    """Each quant of `talkers` ({quant: model folder}) against `ref_quant`'s on the code sequence of
+    `seed`: codebook 0 equal, logits' relative RMS error (median over the steps). Also returns the
+    reference's (logits, hidden states)."""
     rows, _ = _teacher_rows(talkers[ref_quant], seed)
     ref_logits, ref_hidden = _talker_run(talkers[ref_quant], ref_quant, rows, threads)
     out = {}

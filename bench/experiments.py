@@ -384,8 +384,8 @@ def codec_batch(args) -> dict:
 STRESS_ARGS = {key: args for key, args, _ in LOADS if args}  # --load: stress-ng's arguments per load
 
 EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
-               "codec-batch": codec_batch, "presets": presets, "talker-quants": talker_quants, "malloc": malloc, "omp-spin": omp_spin,
-               "omp-policy": omp_policy, "graphs": graphs}
+               "codec-batch": codec_batch, "presets": presets, "talker-quants": talker_quants, "malloc": malloc,
+               "omp-spin": omp_spin, "omp-policy": omp_policy, "graphs": graphs}
 
 
 def build_parser() -> argparse.ArgumentParser:
