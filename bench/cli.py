@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from qwen3_tts_gguf.convert.presets import PRESETS
+from qwen3_tts_gguf.convert.talker_gguf import QUANTS as TALKER_QUANTS
 from qwen3_tts_gguf.cpus import OPENMP_WAIT_VARS
 
 from .common import CACHE, LONG_FRAMES, OUT, ROOT, wait_for_quiet
@@ -53,7 +54,7 @@ def child_env(extra: dict | None = None) -> dict:
     return env
 
 
-QUANTS = ("f16", "q8_0", "q5_k_m", "q4_k_m")
+QUANTS = ("f16", "q8_0", "q5_k_m", "q4_k_m")  # the full run's; `--quants` takes any of TALKER_QUANTS
 CP_PRECISIONS = ("int8", "fp32", "int4")  # the first is the users' default (the converter's default)
 
 MODES = {
@@ -92,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="0.6B, q8_0 only, fewer frames and repeats (< 5 min)")
     p.add_argument("--shapes", help="comma list of 0.6b,1.7b (default: quick 0.6b; full both)")
-    p.add_argument("--quants", help=f"comma list of talker quants {','.join(QUANTS)}")
+    p.add_argument("--quants", help=f"comma list of talker quants (default: {','.join(QUANTS)}; any of the "
+                                    f"converter's {','.join(TALKER_QUANTS)})")
     p.add_argument("--cp", help=f"comma list of code predictor precisions {','.join(CP_PRECISIONS)} "
                                 "(the first one goes with every talker quant, the others with q8_0)")
     p.add_argument("--threads", type=int, help="threads per runtime for every run (default 2)")
@@ -131,8 +133,10 @@ def _plan(args) -> dict:
     if args.shapes:
         plan["shapes"] = args.shapes.split(",")
     if args.quants:
+        every = plan["concurrency_quants"] == plan["quants"]  # the mode runs concurrency for each of its quants
         plan["quants"] = args.quants.split(",")
-        plan["concurrency_quants"] = [q for q in plan["concurrency_quants"] if q in plan["quants"]]
+        plan["concurrency_quants"] = list(plan["quants"]) if every else [
+            q for q in plan["concurrency_quants"] if q in plan["quants"]]
     if args.cp:
         plan["cp_precisions"] = args.cp.split(",")
     if args.threads:
@@ -149,9 +153,10 @@ def _plan(args) -> dict:
         plan["quiet_s"] = args.quiet_wait
     if args.budget is not None:
         plan["budget_s"] = args.budget
-    bad = [q for q in plan["quants"] if q not in QUANTS] + [c for c in plan["cp_precisions"] if c not in CP_PRECISIONS]
+    bad = [q for q in plan["quants"] if q not in TALKER_QUANTS] + [c for c in plan["cp_precisions"]
+                                                                    if c not in CP_PRECISIONS]
     if bad:
-        raise SystemExit(f"unknown quant/precision {bad}; choose talker quants from {QUANTS}, "
+        raise SystemExit(f"unknown quant/precision {bad}; choose talker quants from {TALKER_QUANTS}, "
                          f"code predictor precisions from {CP_PRECISIONS}")
     return plan
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qwen3_tts_gguf.convert.presets import PRESETS
+from qwen3_tts_gguf.convert.presets import DEFAULT_PRESET, PRESETS
 from qwen3_tts_gguf.cpus import SPIN_COUNT
 from qwen3_tts_gguf.model import KV_CELLS_PER_STREAM
 
@@ -282,8 +282,12 @@ def render_targets(res: dict) -> str:
 
     # one stream
     rtf = [_med(h["single"], "rtf") if h else None for _, h in heads.values()]
-    add(f"one stream, default configuration (talker {_split(key0)[0] if key0 else '?'}, code predictor "
-        f"{_split(key0)[1] if key0 else '?'}): RTF", _goal(RTF_TARGET), rtf, 2, _verdict(rtf[0], RTF_TARGET))
+    default = PRESETS[DEFAULT_PRESET]
+    is_default = bool(key0) and _split(key0)[:2] == (default.quant, default.cp_precision)
+    add(f"one stream, {'default' if is_default else 'headline (not the default)'} configuration (talker "
+        f"{_split(key0)[0] if key0 else '?'}, code predictor {_split(key0)[1] if key0 else '?'}): RTF",
+        _goal(RTF_TARGET), rtf, 2, _verdict(rtf[0], RTF_TARGET) if is_default or not key0
+        else "not the target's configuration (`--quants` / `--cp` chose another)")
     stage_bounds = {shape: _stage_bounds(res["shapes"][shape], lim) for shape in shapes}
     stages = stage_bounds[first]
     if rtf[0] is not None and rtf[0] > RTF_TARGET and head0:

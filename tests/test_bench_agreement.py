@@ -56,3 +56,18 @@ def test_talker_quants_experiment_compares_each_quant_and_its_agreement(monkeypa
     assert [seed for _, _, seed in agreements] == [0, 1, 2] and {ref for _, ref, _ in agreements} == {"f16"}
     assert agreements[0][0]["f16"] == tmp_path / "0.6b-f16-int4"
     assert "| iq4_nl | 50.0 % / 60.0 % / 70.0 % | 10.0 % / 10.0 % / 10.0 % |" in result["markdown"]
+
+
+def test_bench_takes_any_converter_quant():
+    """`python -m bench --quants`: any talker quant the converter writes; concurrency follows them in a mode
+    that runs it for each of its quants."""
+    import pytest
+
+    from bench import cli
+
+    p = cli.build_parser()
+    plan = cli._plan(p.parse_args(["--quants", "q8_0,iq4_nl"]))
+    assert plan["quants"] == plan["concurrency_quants"] == ["q8_0", "iq4_nl"]
+    assert cli._plan(p.parse_args(["--quick", "--quants", "iq4_nl"]))["concurrency_quants"] == ["iq4_nl"]
+    with pytest.raises(SystemExit, match="unknown quant"):
+        cli._plan(p.parse_args(["--quants", "q9"]))

@@ -130,3 +130,14 @@ def test_a_quick_run_never_replaces_the_published_report(tmp_path):
     assert cli.QUICK_REPORT.parent == cli.OUT != cli.PUBLISHED_REPORT.parent
     assert cli.report_path(p.parse_args(["--only", "memory"])) == cli.PUBLISHED_REPORT
     assert cli.report_path(p.parse_args(["--quick", "--doc", str(tmp_path / "r.md")])) == tmp_path / "r.md"
+
+
+def test_a_headline_other_than_the_default_gets_no_verdict_for_the_default_target():
+    """`python -m bench --quants iq4_nl`: its headline is not the default configuration, so the default's
+    target names what ran and gives it no verdict."""
+    shape = _shape(rtf=1.1)
+    shape["ours"]["iq4_nl+int4/t2"] = shape["ours"].pop("q8_0+int8/t2")
+    shape["headline"] = "iq4_nl+int4/t2"
+    row = _row(render_targets(_results(**{"0.6b": shape})), "one stream, headline")
+    assert row[0] == "one stream, headline (not the default) configuration (talker iq4_nl, code predictor int4): RTF"
+    assert row[1:3] == ["≤ 1.2", "1.10"] and "not the target's configuration" in row[3]
