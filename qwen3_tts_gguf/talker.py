@@ -29,8 +29,9 @@ _LOG_CALLBACK = None  # llama.cpp keeps a raw pointer: the ctypes callback must 
 # q4_k_m one row 13.4 -> 11.3, 4 streams 43.5 -> 33.9, 8 streams 67.8 -> 58.4; q8_0 has no gain
 # and its 24-row prefill slows 156 -> 185). iq4_nl (2026-12-02, 5 alternating rounds): one row
 # 21.4 -> 13.2, 8 streams 93.2 -> 58.4, 24-row prefill 199 -> 119; repacked, its prefill and batched
-# steps are the fastest of the 4-bit formats (q4_k_m repacked: 14.2, 79.1, 166). Unrepacked (a CPU with
-# AMX) it is the slowest of them.
+# steps are the fastest of the 4-bit formats (q4_k_m repacked: 14.2, 79.1, 166); in a portable AVX2
+# build both decode alike (13.6 / 13.6, 73.8 / 76.5, 164 / 164). Unrepacked (a CPU with AMX) it is the
+# slowest of them.
 REPACK_QUANTS = ("q4_k_m", "iq4_nl")
 
 
