@@ -284,10 +284,11 @@ def render_targets(res: dict) -> str:
     # one stream
     rtf = [_med(h["single"], "rtf") if h else None for _, h in heads.values()]
     default = PRESETS[DEFAULT_PRESET]
-    is_default = bool(key0) and _split(key0)[:2] == (default.quant, default.cp_precision)
+    quant0, cp0 = _split(key0)[:2] if key0 else ("?", "?")
+    is_default = (quant0, cp0) == (default.quant, default.cp_precision)
     add(f"one stream, {'default' if is_default else 'headline (not the default)'} configuration (talker "
-        f"{_split(key0)[0] if key0 else '?'}, code predictor {_split(key0)[1] if key0 else '?'}): RTF",
-        _goal(RTF_TARGET), rtf, 2, _verdict(rtf[0], RTF_TARGET) if is_default or not key0
+        f"{quant0}, code predictor {cp0}): RTF", _goal(RTF_TARGET), rtf, 2,
+        _verdict(rtf[0], RTF_TARGET) if is_default or not key0
         else "not the target's configuration (`--quants` / `--cp` chose another)")
     stage_bounds = {shape: _stage_bounds(res["shapes"][shape], lim) for shape in shapes}
     stages = stage_bounds[first]

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .paths import PROJECT_ROOT  # where the cache-filling child imports this package from
+
 log = logging.getLogger("qwen3_tts_gguf.openvino_session")
 
 RUNTIMES = ("onnxruntime", "openvino")
@@ -87,6 +89,7 @@ CACHE_FOLDER = ".openvino"
 """OpenVINO's model cache, in the model folder beside the graph it compiles (hidden: never a file of the
 model's manifest)."""
 
+
 def _graph_metadata(model) -> dict[str, str]:
     """An OpenVINO model's ONNX metadata_props (its reader keeps them in rt_info["framework"])."""
     return {key: value.astype(str) for key, value in model.get_rt_info()["framework"].items()}
@@ -105,7 +108,6 @@ def fill_cache_child(path: str, config_json: str, cache: str) -> None:
 
 _CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
           "from qwen3_tts_gguf.openvino_session import fill_cache_child; fill_cache_child(*sys.argv[2:])")
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)  # where the child imports this package from
 
 _MADV_PAGEOUT = 21  # Linux 5.4+: drop these pages of the mapping (file pages are read again when touched)
 
@@ -152,8 +154,8 @@ def _fill_cache(graph: Path, cache: Path, config: dict, ready: Path) -> dict[str
     of another OpenVINO or of an earlier version of the file go (`_drop_stale`)."""
     work = Path(tempfile.mkdtemp(prefix=".fill-", dir=cache))
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, _PACKAGE_ROOT, str(graph), json.dumps(config), str(work)],
-                              capture_output=True, text=True, timeout=900, check=True)
+        child = [sys.executable, "-c", _CHILD, str(PROJECT_ROOT), str(graph), json.dumps(config), str(work)]
+        done = subprocess.run(child, capture_output=True, text=True, timeout=900, check=True)
         metadata = json.loads(done.stdout.strip().splitlines()[-1])
         blobs = []
         for blob in work.iterdir():
@@ -161,7 +163,7 @@ def _fill_cache(graph: Path, cache: Path, config: dict, ready: Path) -> dict[str
                 os.fsync(f.fileno())
             os.replace(blob, cache / blob.name)
             blobs.append(blob.name)
-        part = ready.with_name(ready.name + ".part")
+        part = work / ready.name  # written in this fill's own folder, like the blobs: no other fill writes there
         part.write_text(json.dumps({"graph": _identity(graph), "openvino": openvino_version(), "config": config,
                                     "blobs": blobs, "metadata": metadata}))
         os.replace(part, ready)
