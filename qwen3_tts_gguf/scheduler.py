@@ -713,6 +713,10 @@ class Engine:
         if codes.size and (codes.min() < 0 or codes.max() >= size):
             raise ValueError(f"code predictor made a code outside [0, {size})")
 
+    def _codec_in_flight(self) -> bool:
+        """Whether a codec call of any active stream is queued or running in its lane."""
+        return any(a.codec_busy for a in self._active.values())
+
     def _decode(self, items: list[DecodeItem], owners: list[_Active]) -> None:
         """One talker decode for every item; if it fails, each item alone (KV cells rewound)."""
         talker = self.model.talker
@@ -720,7 +724,7 @@ class Engine:
         if threads.talker_step < threads.talker_batch:
             # a step leaves a core to the codec lanes only while one of their calls is in flight (a
             # lane call starts only from this thread, so none starts during the decode)
-            busy = any(a.codec_busy for a in self._active.values())
+            busy = self._codec_in_flight()
             talker.set_step_threads(threads.talker_step if busy else threads.talker_batch)
         t0 = time.perf_counter()
         try:
