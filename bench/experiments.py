@@ -175,29 +175,39 @@ def omp_policy(args) -> dict:
     return _compare(args, variants)
 
 
-GRAPH_VARIANTS = ("codec Snake with Sin", "code predictor q, k, v and gate, up separate",
-                  "both (the graphs before 2026-12-01)", "code predictor attention as GroupQueryAttention")
+GRAPH_VARIANTS = {"sin": "codec Snake with Sin", "separate": "code predictor q, k, v and gate, up separate",
+                  "both": "both (the graphs before 2026-12-01)",
+                  "gqa": "code predictor attention as GroupQueryAttention",
+                  "portable": "code predictor attention in MatMuls (the graph other devices run)"}
 
 
-def graph_variants(model: Path, out: Path) -> dict[str, Path]:
-    """GRAPH_VARIANTS of the model folder `model`, each a copy under `out` with its graphs rebuilt from the
-    model's checkpoint (code predictor int8, as the default converts it) and its manifest updated."""
+def graph_variants(model: Path, out: Path, keys=tuple(GRAPH_VARIANTS)) -> dict[str, Path]:
+    """GRAPH_VARIANTS (`keys` of them) of the model folder `model`, each a copy under `out` with its graphs
+    rebuilt from the model's checkpoint (code predictor int8, as the default converts it) and its manifest
+    updated; keyed by the variants' names. A variant of the code predictor drops the CPU's graph
+    (PREDICTOR_CPU_FILE), so that the engine runs the variant's."""
     from qwen3_tts_gguf.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
     from qwen3_tts_gguf.convert.onnx_builder import save_model
     from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
-    from qwen3_tts_gguf.manifest import CODEC_FILE, MANIFEST, PREDICTOR_FILE, Manifest, file_entries, load_manifest
+    from qwen3_tts_gguf.manifest import (CODEC_FILE, MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE, Manifest,
+                                         file_entries, load_manifest)
 
     ckpt = Checkpoint.open(load_manifest(model).source["path"])
+
+    def predictor(**kw) -> dict:
+        return {PREDICTOR_FILE: lambda p: save_model(
+            quantize_code_predictor(build_code_predictor(ckpt, **kw), "int8"), p, external=True)}
+
     sin = {CODEC_FILE: lambda p: save_model(build_codec_decoder(ckpt, snake_sin=True), p)}
-    separate = {PREDICTOR_FILE: lambda p: save_model(
-        quantize_code_predictor(build_code_predictor(ckpt, fuse=False), "int8"), p, external=True)}
-    gqa = {PREDICTOR_FILE: lambda p: save_model(
-        quantize_code_predictor(build_code_predictor(ckpt, attention="gqa"), "int8"), p, external=True)}
+    builds = {"sin": sin, "separate": predictor(fuse=False), "both": {**sin, **predictor(fuse=False)},
+              "gqa": predictor(attention="gqa"), "portable": predictor()}
     folders = {}
-    for name, files in zip(GRAPH_VARIANTS, (sin, separate, {**sin, **separate}, gqa)):
-        folder = folders[name] = out / name.split(" (")[0].replace(" ", "-").replace(",", "")
-        shutil.copytree(model, folder, ignore=shutil.ignore_patterns(*(f + "*" for f in files)))
+    for key in keys:
+        files = builds[key]
+        dropped = [f + "*" for f in files] + ([PREDICTOR_CPU_FILE] if PREDICTOR_FILE in files else [])
+        folder = folders[GRAPH_VARIANTS[key]] = out / key
+        shutil.copytree(model, folder, ignore=shutil.ignore_patterns(*dropped))
         for file, build in files.items():
             build(folder / file)
         manifest = Manifest.from_dict(json.loads((folder / MANIFEST).read_text()))
@@ -209,13 +219,14 @@ def graph_variants(model: Path, out: Path) -> dict[str, Path]:
 def graphs(args) -> dict:
     """The converter's graph choices side by side in the engine (`graph_variants`): the codec's Snake with
     ONNX `Sin` instead of the polynomial, the code predictor's q, k, v and gate, up as separate MatMuls
-    (both the converter's before 2026-12-01), and its attention as ONNX Runtime's GroupQueryAttention."""
+    (both the converter's before 2026-12-01), its attention as ONNX Runtime's GroupQueryAttention, or in
+    MatMuls (the graph other devices run) instead of the CPU graph's opset-23 Attention."""
     import tempfile
 
     base = _session_base(args)
     with tempfile.TemporaryDirectory(prefix="graphs-") as scratch:
         variants = {"this converter (default)": (dict(base, threads=args.threads), {})}
-        for name, folder in graph_variants(Path(base["model_dir"]), Path(scratch)).items():
+        for name, folder in graph_variants(Path(base["model_dir"]), Path(scratch), args.graphs).items():
             variants[name] = (dict(base, model_dir=str(folder), threads=args.threads), {})
         return _compare(args, variants)
 
@@ -388,6 +399,13 @@ EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp
                "omp-spin": omp_spin, "omp-policy": omp_policy, "graphs": graphs}
 
 
+def _graph_keys(value: str) -> list[str]:
+    keys = value.split(",")
+    if unknown := [k for k in keys if k not in GRAPH_VARIANTS]:
+        raise argparse.ArgumentTypeError(f"unknown graph variant {', '.join(unknown)} (of {', '.join(GRAPH_VARIANTS)})")
+    return keys
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The experiments' command line (also how `python -m bench` sets up the one it runs as a block)."""
     p = argparse.ArgumentParser(prog="python -m bench.experiments", description=__doc__,
@@ -403,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="talker-quants: the talker quants to compare (the converter's QUANTS)")
     p.add_argument("--thresholds", type=lambda v: [int(x) for x in v.split(",")], default=[131072],
                    help="malloc: fixed mmap thresholds beside the engine's, bytes")
+    p.add_argument("--graphs", type=_graph_keys, default=list(GRAPH_VARIANTS),
+                   help=f"graphs: the variants beside the default, of {','.join(GRAPH_VARIANTS)}")
     p.add_argument("--quiet-wait", type=float, default=5.0, help="wait up to this long for other jobs before each run")
     p.add_argument("--spins", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1000, 10000],
                    help="omp-spin: GOMP_SPINCOUNT values beside the engine's (libgomp's default is 300000)")

@@ -29,9 +29,9 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     import_llama()
     from qwen3_tts_gguf.codec import CodecDecoder
     from qwen3_tts_gguf.embeddings import EmbeddingTables
-    from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
+    from qwen3_tts_gguf.manifest import CODEC_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
     from qwen3_tts_gguf.heap import map_large_blocks, release_freed_heap
-    from qwen3_tts_gguf.model import EngineSettings, talker_settings
+    from qwen3_tts_gguf.model import EngineSettings, predictor_file, talker_settings
     from qwen3_tts_gguf.predictor import CodePredictor
     from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
     from qwen3_tts_gguf.talker import Talker
@@ -48,7 +48,7 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     rss["tokenizer_tables"] = rss_mb()
     talker = Talker(folder / TALKER_FILE, talker_settings(settings, manifest.quant))
     rss["talker"] = rss_mb()
-    predictor = CodePredictor(folder / PREDICTOR_FILE, threads=threads)
+    predictor = CodePredictor(folder / predictor_file(manifest), threads=threads)
     rss["code_predictor"] = rss_mb()
     codec = CodecDecoder(folder / CODEC_FILE, threads=threads)
     release_freed_heap()  # as LoadedModel does once its parts are loaded

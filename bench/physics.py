@@ -291,11 +291,13 @@ def model_costs(model_dir: str | Path, threads: int, profile: bool = True,
     out = {"talker": talker_cost(model_dir / "talker.gguf")}
     if profile:
         out["codec"] = codec_cost(model_dir / "codec_decoder.onnx", threads)
+    from qwen3_tts_gguf.manifest import PREDICTOR_FILE, load_manifest
+    from qwen3_tts_gguf.model import predictor_file
+
     out["predictors"] = {}
     for precision, folder in (predictor_dirs or {"?": model_dir}).items():
-        path = Path(folder) / "code_predictor.onnx"
-        cost = predictor_cost(path)
-        if profile:
-            cost.update(predictor_profile(path, threads))
+        cost = predictor_cost(Path(folder) / PREDICTOR_FILE)  # the weights and their file
+        if profile:  # the graph the engine runs on the CPU
+            cost.update(predictor_profile(Path(folder) / predictor_file(load_manifest(folder)), threads))
         out["predictors"][cost["precision"] if precision == "?" else precision] = cost
     return out

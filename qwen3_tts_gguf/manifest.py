@@ -17,6 +17,9 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TALKER_FILE = "talker.gguf"
 PREDICTOR_FILE = "code_predictor.onnx"
+# the same code predictor with opset 23's fused attention, for the CPU only (its weights are read from
+# PREDICTOR_FILE's data file): other devices may lack the kernels and would run those nodes on the CPU
+PREDICTOR_CPU_FILE = "code_predictor_cpu.onnx"
 CODEC_FILE = "codec_decoder.onnx"
 TEXT_TABLES_FILE = "text_tables.safetensors"
 SPEAKER_ENCODER_FILE = "speaker_encoder.onnx"  # Base models only

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from .cpus import StageThreads, default_threads, stage_threads
 from .heap import MAP_THRESHOLD, map_large_blocks, release_freed_heap
-from .manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFolderError, load_manifest
+from .manifest import (CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFolderError,
+                       load_manifest)
 from .manifest import TEXT_TABLES_FILE as TEXT_TABLES
+from .onnx_session import resolve_device
 from .openvino_session import check_codec_runtime
 from .prompt import PromptBuilder
 from .tokenizer import TextTokenizer
@@ -76,6 +78,13 @@ def talker_settings(settings: EngineSettings, quant: str, threads: StageThreads 
         repack=repack_pays(quant, deterministic=settings.deterministic, gpu_layers=settings.gpu_layers))
 
 
+def predictor_file(manifest: Manifest, device: str = "cpu") -> str:
+    """The code predictor graph `device` runs: the CPU's fused-attention graph where the folder has one
+    (converted since 2026-12-02), else the graph every device runs."""
+    cpu = PREDICTOR_CPU_FILE in manifest.files and resolve_device(device).name == "cpu"
+    return PREDICTOR_CPU_FILE if cpu else PREDICTOR_FILE
+
+
 class LoadedModel:
     """Everything needed to synthesise with one converted model."""
 
@@ -87,6 +96,7 @@ class LoadedModel:
 
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
+        self.settings = settings
         # as the talker re-checks its GPU layers: what the start-up check refuses (CodecRuntimeError), an
         # engine built without that check refuses too, before loading anything
         check_codec_runtime(settings.codec_runtime, settings.device, settings.deterministic)
@@ -115,17 +125,21 @@ class LoadedModel:
         self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant, threads))
         self.codec_overlap = settings.overlaps_codec
         try:
-            self.predictor = CodePredictor(self.folder / PREDICTOR_FILE, threads=threads.predictor, device=settings.device)
+            self.predictor = CodePredictor(self.folder / self.predictor_file, threads=threads.predictor,
+                                           device=settings.device)
             self.codec = early_codec or load_codec()
         except Exception as e:
             self.talker.close()
             raise graph_error(e) from e
-        self.settings = settings
         release_freed_heap()
 
     @property
     def name(self) -> str:
         return self.manifest.name
+
+    @property
+    def predictor_file(self) -> str:
+        return predictor_file(self.manifest, self.settings.device)
 
     @property
     def sample_rate(self) -> int:

@@ -35,14 +35,15 @@ def test_the_graph_variants_load_and_differ_where_they_say(tiny_cv_f32, tmp_path
     from bench.experiments import GRAPH_VARIANTS, graph_variants
     from qwen3_tts_gguf.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
-    from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, load_manifest
+    from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, load_manifest
 
     def ops(path, op: str) -> int:
         return sum(n.op_type == op for n in onnx.load(str(path), load_external_data=False).graph.node)
 
     folders = graph_variants(tiny_cv_f32, tmp_path)
-    assert list(folders) == list(GRAPH_VARIANTS)
-    sin, separate, both, gqa = folders.values()
+    assert list(folders) == list(GRAPH_VARIANTS.values())
+    assert list(graph_variants(tiny_cv_f32, tmp_path / "one", ["gqa"])) == [GRAPH_VARIANTS["gqa"]]
+    sin, separate, both, gqa, portable = folders.values()
     for folder in folders.values():
         load_manifest(folder, verify_hashes=True)
     assert ops(sin / CODEC_FILE, "Sin") == ops(both / CODEC_FILE, "Sin") > ops(tiny_cv_f32 / CODEC_FILE, "Sin")
@@ -55,3 +56,9 @@ def test_the_graph_variants_load_and_differ_where_they_say(tiny_cv_f32, tmp_path
     assert separate_nbits - sum(n.op_type == "MatMulNBits" for n in fused.graph.node) == 3 * layers * steps
     assert ops(gqa / PREDICTOR_FILE, "GroupQueryAttention") == layers * steps
     assert ops(gqa / PREDICTOR_FILE, "MatMulNBits") == sum(n.op_type == "MatMulNBits" for n in fused.graph.node)
+    # a code predictor variant replaces the CPU's fused-attention graph, which the engine would run instead
+    assert ops(tiny_cv_f32 / PREDICTOR_CPU_FILE, "Attention") == layers * steps
+    assert (sin / PREDICTOR_CPU_FILE).is_file()
+    assert not any((f / PREDICTOR_CPU_FILE).exists() for f in (separate, both, gqa, portable))
+    assert ops(portable / PREDICTOR_FILE, "Attention") == 0
+    assert ops(portable / PREDICTOR_FILE, "MatMulNBits") == ops(gqa / PREDICTOR_FILE, "MatMulNBits")

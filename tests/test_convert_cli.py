@@ -49,6 +49,91 @@ def test_manifest_describes_the_model(tiny_cv, tmp_path):
             "text_tables.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json"} <= set(on_disk.files)
     checks = on_disk.source["self_check"]
     assert checks["talker_logits_rel_rms"] < 1e-4 and checks["codec_max_abs"] < 2e-4
+    assert on_disk.code_predictor["precision"] == "int8"  # both graphs checked against the source weights
+    assert checks["predictor_logits_rel_rms"] < 0.08 and checks["predictor_cpu_logits_rel_rms"] < 0.08
+
+
+def test_the_cpu_code_predictor_graph_reads_the_portable_graphs_weights(tiny_cv_f32, tmp_path):
+    """code_predictor_cpu.onnx (opset 23 Attention) holds no weights of its own: every initializer the
+    portable graph keeps in code_predictor.onnx.data is read from there; both give the same frame."""
+    import onnx
+
+    from qwen3_tts_gguf.manifest import PREDICTOR_CPU_FILE, PREDICTOR_FILE
+    from qwen3_tts_gguf.predictor import CodePredictor
+    from qwen3_tts_gguf.sampler import SamplingParams
+
+    def external(path):
+        return {t.name: {e.key: e.value for e in t.external_data}
+                for t in onnx.load(str(path), load_external_data=False).graph.initializer
+                if t.data_location == onnx.TensorProto.EXTERNAL}
+
+    portable, cpu = external(tiny_cv_f32 / PREDICTOR_FILE), external(tiny_cv_f32 / PREDICTOR_CPU_FILE)
+    weights = {n for n in portable if n.endswith(".weight")}
+    assert weights and weights <= set(cpu) and all(cpu[n] == portable[n] for n in weights)
+    assert (tiny_cv_f32 / PREDICTOR_CPU_FILE).stat().st_size < (tiny_cv_f32 / f"{PREDICTOR_FILE}.data").stat().st_size / 20
+    assert not list(tiny_cv_f32.glob(f"{PREDICTOR_CPU_FILE}.*"))
+    rng = np.random.default_rng(5)
+    graphs = [CodePredictor(tiny_cv_f32 / f, threads=1) for f in (PREDICTOR_FILE, PREDICTOR_CPU_FILE)]
+    hidden = rng.standard_normal((3, graphs[0].hidden_size)).astype(np.float32)
+    a, b = (g.predict(hidden, np.array([1, 7, 300]), SamplingParams(), rand=np.full((3, 15), 0.5, np.float32))
+            for g in graphs)
+    np.testing.assert_array_equal(a.codes, b.codes)
+    np.testing.assert_allclose(a.frame_embedding, b.frame_embedding, atol=1e-5)
+
+
+def test_a_graph_shares_only_equal_weights_and_only_beside_them(tmp_path):
+    """save_model_sharing_weights: an initializer of the same name and bytes is read from the other graph's
+    data file; one of the same name but other bytes, or a new one, stays inside the graph."""
+    import onnx
+    import onnxruntime as ort
+
+    from qwen3_tts_gguf.convert.onnx_builder import GraphBuilder, save_model, save_model_sharing_weights
+
+    rng = np.random.default_rng(0)
+    w, other = rng.standard_normal((2, 64, 64)).astype(np.float32)
+
+    def graph(second: np.ndarray) -> onnx.ModelProto:
+        b = GraphBuilder("g")
+        x = b.input("x", "float", [1, 64])
+        b.output(b.op("MatMul", b.op("MatMul", x, b.weight("w", w)), b.weight("v", second)), "y", "float", [1, 64])
+        return b.model()
+
+    save_model(graph(w), tmp_path / "a.onnx", external=True)
+    save_model_sharing_weights(graph(other), tmp_path / "b.onnx", tmp_path / "a.onnx")
+    kept = {t.name: t.data_location for t in onnx.load(str(tmp_path / "b.onnx"), load_external_data=False).graph.initializer}
+    assert kept == {"w": onnx.TensorProto.EXTERNAL, "v": onnx.TensorProto.DEFAULT}
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    y = ort.InferenceSession(str(tmp_path / "b.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, x @ w @ other, rtol=1e-4, atol=1e-4)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(ValueError, match="beside"):
+        save_model_sharing_weights(graph(w), tmp_path / "elsewhere" / "c.onnx", tmp_path / "a.onnx")
+
+
+def test_the_engine_runs_the_cpu_graph_on_the_cpu_only(tiny_cv_f32, tmp_path, monkeypatch):
+    """The CPU's fused-attention graph where the folder has one and the device is the CPU; a folder converted
+    before it, or another device, runs the portable graph."""
+    from qwen3_tts_gguf import model as model_module
+    from qwen3_tts_gguf.manifest import MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE, Manifest, file_entries
+
+    model = LoadedModel(tiny_cv_f32, EngineSettings(threads=1))
+    try:
+        assert model.predictor_file == PREDICTOR_CPU_FILE
+        monkeypatch.setattr(model_module, "resolve_device", lambda device: type("Dev", (), {"name": "cuda"})())
+        assert model.predictor_file == PREDICTOR_FILE
+    finally:
+        model.close()
+    monkeypatch.undo()
+    older = tmp_path / "older"
+    shutil.copytree(tiny_cv_f32, older, ignore=shutil.ignore_patterns(PREDICTOR_CPU_FILE))
+    manifest = Manifest.from_dict(json.loads((older / MANIFEST).read_text()))
+    manifest.files = file_entries(older)
+    (older / MANIFEST).write_text(manifest.to_json())
+    model = LoadedModel(older, EngineSettings(threads=1))
+    try:
+        assert model.predictor_file == PREDICTOR_FILE
+    finally:
+        model.close()
 
 
 def test_defaults_per_model_type(checkpoint_factory, tmp_path):

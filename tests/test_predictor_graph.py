@@ -386,18 +386,25 @@ def test_weights_that_read_the_same_rows_are_one_matmul(setup):
         assert len(inputs) == len(set(inputs)) > 0
 
 
-def test_group_query_attention_graph_equals_the_default(setup, tmp_path):
-    """`attention="gqa"` (bench.experiments graphs): one GroupQueryAttention node per layer and step in place
-    of the standard ops, the same teacher-forced logits as the official code predictor, batch and steps."""
+@pytest.mark.parametrize("attention, op, domain, opset", [("gqa", "GroupQueryAttention", "com.microsoft", 17),
+                                                         ("standard", "Attention", "", 23)])
+def test_fused_attention_graphs_equal_the_default(setup, tmp_path, attention, op, domain, opset):
+    """`attention="gqa"` / `"standard"` (bench.experiments graphs): one GroupQueryAttention node, or one
+    opset-23 Attention, per layer and step in place of the MatMul chain; the same teacher-forced logits as
+    the official code predictor, batch and steps."""
     import onnx
 
-    gqa = build_code_predictor(setup.ckpt, teacher_forced=True, attention="gqa")
-    nodes = [n for n in gqa.graph.node if n.op_type == "GroupQueryAttention"]
-    assert len(nodes) == setup.ckpt.config.code_predictor.num_layers * 15
-    assert {n.domain for n in nodes} == {"com.microsoft"} and "com.microsoft" in {o.domain for o in gqa.opset_import}
-    onnx.checker.check_model(gqa)
-    save_model(gqa, tmp_path / "cp_gqa_tf.onnx")
-    session = make_session(tmp_path / "cp_gqa_tf.onnx", threads=2)
+    model = build_code_predictor(setup.ckpt, teacher_forced=True, attention=attention)
+    layers = setup.ckpt.config.code_predictor.num_layers
+    nodes = [n for n in model.graph.node if n.op_type == op]
+    assert len(nodes) == layers * 15
+    assert {n.domain for n in nodes} == {domain} and {domain} <= {o.domain for o in model.opset_import}
+    assert [o.version for o in model.opset_import if o.domain == ""] == [opset]
+    if attention == "standard":  # q and k of every layer and step
+        assert sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) == 2 * layers * 15
+    onnx.checker.check_model(model)
+    save_model(model, tmp_path / "cp_tf.onnx")
+    session = make_session(tmp_path / "cp_tf.onnx", threads=2)
     hidden, code0, codes = _frames(setup, 3, seed=11)
     feeds = {"hidden": hidden, "code0": code0, "rand": np.zeros((3, 15), np.float32), "forced_codes": codes,
              **sampler.pack(GREEDY, 3)}

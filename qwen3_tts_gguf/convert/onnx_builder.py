@@ -102,6 +102,13 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, ins, outs, name=name or outs[0], domain=domain, **attrs))
         return outs[0] if outputs == 1 else outs
 
+    def reduce(self, op_type: str, x: str, axes: list[int], keepdims: int = 1) -> str:
+        """A Reduce* node over `axes`: an attribute up to opset 17, an input from 18 on (ReduceSum's
+        since 13)."""
+        if self.opset >= 18 or op_type == "ReduceSum":
+            return self.op(op_type, x, self.const(axes), keepdims=keepdims)
+        return self.op(op_type, x, axes=axes, keepdims=keepdims)
+
     # -- common blocks --------------------------------------------------------------------
     def linear(self, x: str, weight_out_in: np.ndarray, bias: np.ndarray | None, prefix: str) -> str:
         """x @ W.T (+ b) for a PyTorch Linear weight [out, in]."""
@@ -117,7 +124,7 @@ class GraphBuilder:
         Written as the Pow/ReduceMean/Add/Sqrt/Div/Mul chain that ONNX Runtime fuses into one
         SimplifiedLayerNormalization kernel (six nodes per norm otherwise)."""
         w = weight if isinstance(weight, str) else self.weight(prefix, weight)
-        ms = self.op("ReduceMean", self.op("Pow", x, self.const(2.0)), axes=[-1], keepdims=1)
+        ms = self.reduce("ReduceMean", self.op("Pow", x, self.const(2.0)), [-1], keepdims=1)
         rms = self.op("Sqrt", self.op("Add", ms, self.const(eps)))
         return self.op("Mul", self.op("Div", x, rms), w)
 
@@ -131,7 +138,7 @@ class GraphBuilder:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)]
                                   + [helper.make_opsetid(d, 1) for d in domains],
                                   producer_name="qwen3_tts_gguf", doc_string=doc)
-        model.ir_version = 8
+        model.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", self.opset)])
         for key, value in (metadata or {}).items():
             entry = model.metadata_props.add()
             entry.key, entry.value = key, str(value)
@@ -150,3 +157,37 @@ def save_model(model: onnx.ModelProto, path: str | Path, external: bool = False)
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
     return [path, data]
+
+
+def save_model_sharing_weights(model: onnx.ModelProto, path: str | Path, shared: str | Path) -> list[Path]:
+    """Save `model` at `path` reading every initializer that the saved graph `shared` holds in its external
+    data file under the same name and with the same bytes from that file (no second copy on disk); the
+    others stay inside `path`. Returns the files written."""
+    path, shared = Path(path), Path(shared)
+    entries = {t.name: {e.key: e.value for e in t.external_data}
+               for t in onnx.load(str(shared), load_external_data=False).graph.initializer
+               if t.data_location == TensorProto.EXTERNAL}
+    if path.parent.resolve() != shared.parent.resolve():
+        raise ValueError(f"{path} must be saved beside {shared}: data files are found by a relative name")
+    files = {e["location"] for e in entries.values()}
+    handles = {f: open(shared.parent / f, "rb") for f in files}
+    try:
+        for t in model.graph.initializer:
+            e = entries.get(t.name)
+            if e is None or not t.raw_data or int(e["length"]) != len(t.raw_data):
+                continue
+            f = handles[e["location"]]
+            f.seek(int(e["offset"]))
+            if f.read(len(t.raw_data)) != t.raw_data:
+                continue
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            del t.external_data[:]
+            for key in ("location", "offset", "length"):
+                t.external_data.add(key=key, value=e[key])
+    finally:
+        for f in handles.values():
+            f.close()
+    onnx.save_model(model, str(path))
+    return [path]
+

@@ -18,10 +18,11 @@ from tqdm import tqdm
 
 from .. import __version__
 from ..checkpoint import Checkpoint, CheckpointError
-from ..manifest import (CODEC_ENCODER_FILE, CODEC_FILE, MANIFEST, PREDICTOR_FILE, SPEAKER_ENCODER_FILE, TALKER_FILE,
-                        TEXT_TABLES_FILE, Manifest, ModelFolderError, file_entries, load_manifest)
+from ..manifest import (CODEC_ENCODER_FILE, CODEC_FILE, MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE,
+                        SPEAKER_ENCODER_FILE, TALKER_FILE, TEXT_TABLES_FILE, Manifest, ModelFolderError, file_entries,
+                        load_manifest)
 from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
-from .onnx_builder import save_model
+from .onnx_builder import save_model, save_model_sharing_weights
 from .predictor_graph import build_code_predictor, quantize_code_predictor
 from .presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
 from .talker_gguf import QUANTS, write_talker_gguf
@@ -146,9 +147,13 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         stage("code predictor")
         # its weights beside the graph: ONNX Runtime maps that file, its MatMul kernels pack their own
         # copy and never read the mapped one again (143 MiB less resident at 0.6B, same speed; the codec
-        # gains nothing this way: its convolutions read the weights at every call)
+        # gains nothing this way: its convolutions read the weights at every call); then the CPU's graph,
+        # fused attention on those same weights (manifest.PREDICTOR_CPU_FILE)
         predictor = quantize_code_predictor(build_code_predictor(ckpt), cp_precision, cp_block_size)
         save_model(predictor, tmp / PREDICTOR_FILE, external=True)
+        predictor = quantize_code_predictor(build_code_predictor(ckpt, attention="standard"), cp_precision,
+                                            cp_block_size)
+        save_model_sharing_weights(predictor, tmp / PREDICTOR_CPU_FILE, tmp / PREDICTOR_FILE)
         bar.update()
         stage("codec decoder")
         from .codec_graph import build_codec_decoder

@@ -29,7 +29,8 @@ from .presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
 NUM_STEPS = 15  # codebooks 1..15
 ROPE_NODE = "rope_rotation"  # MatMuls by constant rotations: exact in fp32, never quantized
 INPUTS = ("hidden", "code0", "rand", "temperature", "top_k", "top_p", "greedy")
-ATTENTIONS = ("matmul", "gqa")
+ATTENTIONS = ("matmul", "gqa", "standard")
+STANDARD_ATTENTION_OPSET = 23  # Attention and RotaryEmbedding
 
 
 def rope_tables(head_dim: int, theta: float, positions: np.ndarray, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +104,8 @@ class _Stack:
         q, k, v = self.matmuls(a, [f"{p}.self_attn.{n}_proj.weight" for n in "qkv"], f"{p}.self_attn.qkv_proj.weight")
         q = self.rms_norm(b.op("Reshape", q, b.const([0, T, c.num_heads, c.head_dim])), f"{p}.self_attn.q_norm.weight")
         k = self.rms_norm(b.op("Reshape", k, b.const([0, T, c.num_kv_heads, c.head_dim])), f"{p}.self_attn.k_norm.weight")
-        attend = self.attention_gqa if self.attention == "gqa" else self.attention_matmul
+        attend = {"matmul": self.attention_matmul, "gqa": self.attention_gqa,
+                  "standard": self.attention_standard}[self.attention]
         x = b.op("Add", x, self.matmul(attend(q, k, v, i, cache, positions), f"{p}.self_attn.o_proj.weight"))
 
         h = self.rms_norm(x, f"{p}.post_attention_layernorm.weight")
@@ -146,21 +148,48 @@ class _Stack:
         2026-12-02 06:27)."""
         b, c = self.b, self.cfg
         T, S = len(positions), positions[-1] + 1
-        if "gqa_batch" not in self._names:
-            cos, sin = rope_tables(c.head_dim, c.rope_theta, np.arange(NUM_STEPS + 1), self.b.float_type)
-            self._names["gqa_cos"], self._names["gqa_sin"] = (b.const(t[:, :c.head_dim // 2]) for t in (cos, sin))
-            self._names["gqa_batch"] = b.op("Slice", b.op("Shape", q), b.const([0]), b.const([1]))
+        cos, sin, batch = self._rotary_tables(q)
         if f"gqa_seqlens_{S}" not in self._names:  # per row: the cache's length after this step, minus 1
-            self._names[f"gqa_seqlens_{S}"] = b.op("Expand", b.const([S - 1], np.int32), self._names["gqa_batch"])
+            self._names[f"gqa_seqlens_{S}"] = b.op("Expand", b.const([S - 1], np.int32), batch)
         q = b.op("Reshape", q, b.const([0, T, c.num_heads * c.head_dim]))
         k = b.op("Reshape", k, b.const([0, T, c.num_kv_heads * c.head_dim]))
         past = cache[i] or (None, None)
         attn, *cache[i] = b.op(
             "GroupQueryAttention", q, k, v, *past, self._names[f"gqa_seqlens_{S}"], b.const(S, np.int32),
-            self._names["gqa_cos"], self._names["gqa_sin"], outputs=3, domain="com.microsoft",
-            num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1, rotary_interleaved=0,
-            scale=float(c.head_dim ** -0.5))
+            cos, sin, outputs=3, domain="com.microsoft", num_heads=c.num_heads, kv_num_heads=c.num_kv_heads,
+            do_rotary=1, rotary_interleaved=0, scale=float(c.head_dim ** -0.5))
         return attn
+
+    def attention_standard(self, q: str, k: str, v: str, i: int, cache: list, positions: list[int]) -> str:
+        """The same attention as opset 23's standard ops: two RotaryEmbedding nodes and one Attention
+        (past and present key/value inside, causal on the two-row first step). Every execution provider
+        runs them (ONNX Runtime inlines their function bodies where an EP has no kernel)."""
+        b, c = self.b, self.cfg
+        T = len(positions)
+        cos, sin, batch = self._rotary_tables(q)
+        if f"std_positions_{positions[0]}_{T}" not in self._names:
+            self._names[f"std_positions_{positions[0]}_{T}"] = b.op(
+                "Expand", b.const([positions]), b.op("Concat", batch, b.const([T]), axis=0))  # [B,T]
+        at = self._names[f"std_positions_{positions[0]}_{T}"]
+        q = b.op("RotaryEmbedding", b.op("Reshape", q, b.const([0, T, c.num_heads * c.head_dim])), cos, sin, at,
+                 num_heads=c.num_heads)
+        k = b.op("RotaryEmbedding", b.op("Reshape", k, b.const([0, T, c.num_kv_heads * c.head_dim])), cos, sin, at,
+                 num_heads=c.num_kv_heads)
+        past = cache[i] or (None, None)
+        causal = {"is_causal": 1} if T > 1 else {}
+        attn, *cache[i] = b.op("Attention", q, k, v, None, *past, outputs=3, q_num_heads=c.num_heads,
+                               kv_num_heads=c.num_kv_heads, scale=float(c.head_dim ** -0.5), **causal)
+        return attn
+
+    def _rotary_tables(self, q: str) -> tuple[str, str, str]:
+        """cos, sin [NUM_STEPS + 1, head_dim / 2] of every position a frame uses, and the batch size [1]
+        (read from `q`), for the fused attentions."""
+        b, c = self.b, self.cfg
+        if "rotary_batch" not in self._names:
+            cos, sin = rope_tables(c.head_dim, c.rope_theta, np.arange(NUM_STEPS + 1), b.float_type)
+            self._names["rotary_cos"], self._names["rotary_sin"] = (b.const(t[:, :c.head_dim // 2]) for t in (cos, sin))
+            self._names["rotary_batch"] = b.op("Slice", b.op("Shape", q), b.const([0]), b.const([1]))
+        return self._names["rotary_cos"], self._names["rotary_sin"], self._names["rotary_batch"]
 
 
 def _sample(b: GraphBuilder, logits: str, rand_col: str, temperature: str, k_index: str, sort_k: str,
@@ -228,13 +257,15 @@ def build_code_predictor(ckpt: Checkpoint, float_type=np.float32, teacher_forced
                          fuse: bool = True, attention: str = "matmul") -> onnx.ModelProto:
     """The code predictor of `ckpt` as one per-frame ONNX graph (opset 17); see the module doc.
     `fuse=False` keeps q, k, v and gate, up as separate MatMuls; `attention="gqa"` makes each layer's
-    attention one GroupQueryAttention node (both for the bench's comparisons, `bench.experiments graphs`)."""
+    attention one GroupQueryAttention node, `"standard"` opset 23's RotaryEmbedding and Attention (all for
+    the bench's comparisons, `bench.experiments graphs`)."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     cfg, w = ckpt.config, ckpt.weights
     cp, H = cfg.code_predictor, cfg.talker.hidden_size
     vocab = int(w.shape_of("talker.code_predictor.lm_head.0.weight")[0])
-    b = GraphBuilder("code_predictor" + ("_teacher_forced" if teacher_forced else ""), float_type)
+    b = GraphBuilder("code_predictor" + ("_teacher_forced" if teacher_forced else ""), float_type,
+                     **({"opset": STANDARD_ATTENTION_OPSET} if attention == "standard" else {}))
     stack = _Stack(b, w, "talker.code_predictor.model", cp, fuse, attention)
 
     hidden = b.input("hidden", "float", ["B", H])

@@ -33,9 +33,8 @@ def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
 def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
     """Check the talker, code predictor and codec in `folder`; returns the measured errors."""
     from ..codec import CodecDecoder
-    from ..manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
+    from ..manifest import CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
     from ..predictor import CodePredictor
-    from ..sampler import SamplingParams, pack
     from ..talker import DecodeItem, Talker, TalkerSettings
 
     manifest = load_manifest(folder, verify_hashes=True)
@@ -56,26 +55,13 @@ def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
         raise VerificationError(f"talker ({manifest.quant}) logits differ from the source weights: "
                                 f"relative RMS {err:.3g} > {TALKER_REL_RMS[manifest.quant]}")
 
-    predictor = CodePredictor(folder / PREDICTOR_FILE, threads=1)
     precision = manifest.code_predictor.get("precision", "fp32")
     h = rng.standard_normal((1, cfg.talker.hidden_size)).astype(np.float32)
-    code0 = np.array([int(rng.integers(0, 2048))])
-    feeds = {"hidden": h, "code0": code0, "rand": np.zeros((1, 15), np.float32),
-             **pack(SamplingParams(greedy=True), 1)}
-    logits, codes = predictor.session.run(["logits", "codes"], feeds)
-    ref = code_predictor_logits(ckpt.weights, cfg, h[0], int(code0[0]), codes[0].tolist(), dtype=np.float32)
-    report["predictor_logits_rel_rms"] = err = _rel_rms(logits[0], ref)
-    report["predictor_codes_equal"] = bool(np.array_equal(ref.argmax(-1), codes[0]))
-    if err > PREDICTOR_REL_RMS[precision]:
-        raise VerificationError(f"code predictor ({precision}) logits differ from the source weights: "
-                                f"relative RMS {err:.3g} > {PREDICTOR_REL_RMS[precision]}")
-    if precision == "fp32":
-        # the graph's greedy choice must be the reference's wherever the reference is not near-tied
-        top2 = np.sort(ref, axis=-1)[:, -2:]
-        decided = (top2[:, 1] - top2[:, 0]) > 1e-3 * (np.abs(top2[:, 1]) + 1)
-        if not np.array_equal(ref.argmax(-1)[decided], codes[0][decided]):
-            raise VerificationError(f"code predictor greedy codes {codes[0].tolist()} differ from the source "
-                                    f"weights' {ref.argmax(-1).tolist()}")
+    code0 = int(rng.integers(0, 2048))
+    for file, key in ((PREDICTOR_FILE, "predictor"), (PREDICTOR_CPU_FILE, "predictor_cpu")):
+        if file in manifest.files:
+            predictor = CodePredictor(folder / file, threads=1)
+            report.update(_check_predictor(predictor, ckpt, precision, h, code0, key, file))
 
     codec = CodecDecoder(folder / CODEC_FILE, threads=1)
     codes = rng.integers(0, cfg.codec.codebook_size, (3, 16))
@@ -88,3 +74,28 @@ def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
         raise VerificationError(f"codec decoder differs from the source weights by {diff:.3g} "
                                 f"(chunked vs whole: {chunk_diff:.3g})")
     return report
+
+
+def _check_predictor(predictor, ckpt: Checkpoint, precision: str, h: np.ndarray, code0: int, key: str,
+                     file: str) -> dict:
+    """One greedy frame of the code predictor graph `file` against the numpy forward; the errors as `key`_..."""
+    from ..sampler import SamplingParams, pack
+
+    feeds = {"hidden": h, "code0": np.array([code0]), "rand": np.zeros((1, 15), np.float32),
+             **pack(SamplingParams(greedy=True), 1)}
+    logits, codes = predictor.session.run(["logits", "codes"], feeds)
+    ref = code_predictor_logits(ckpt.weights, ckpt.config, h[0], code0, codes[0].tolist(), dtype=np.float32)
+    err = _rel_rms(logits[0], ref)
+    name = f"code predictor {file} ({precision})"
+    if err > PREDICTOR_REL_RMS[precision]:
+        raise VerificationError(f"{name} logits differ from the source weights: "
+                                f"relative RMS {err:.3g} > {PREDICTOR_REL_RMS[precision]}")
+    if precision == "fp32":
+        # the graph's greedy choice must be the reference's wherever the reference is not near-tied
+        top2 = np.sort(ref, axis=-1)[:, -2:]
+        decided = (top2[:, 1] - top2[:, 0]) > 1e-3 * (np.abs(top2[:, 1]) + 1)
+        if not np.array_equal(ref.argmax(-1)[decided], codes[0][decided]):
+            raise VerificationError(f"{name} greedy codes {codes[0].tolist()} differ from the source "
+                                    f"weights' {ref.argmax(-1).tolist()}")
+    return {f"{key}_logits_rel_rms": err, f"{key}_codes_equal": bool(np.array_equal(ref.argmax(-1), codes[0]))}
+
