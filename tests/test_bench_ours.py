@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from bench.ours import OursSession
 
 
@@ -62,3 +64,16 @@ def test_the_graph_variants_load_and_differ_where_they_say(tiny_cv_f32, tmp_path
     assert not any((f / PREDICTOR_CPU_FILE).exists() for f in (separate, both, gqa, portable))
     assert ops(portable / PREDICTOR_FILE, "Attention") == 0
     assert ops(portable / PREDICTOR_FILE, "MatMulNBits") == ops(gqa / PREDICTOR_FILE, "MatMulNBits")
+
+
+def test_the_graphs_experiment_takes_only_known_variants(capsys):
+    """`bench.experiments graphs --graphs`: a comma list of GRAPH_VARIANTS' keys (all by default); an unknown
+    key is a usage error naming the known ones."""
+    from bench.experiments import GRAPH_VARIANTS, build_parser
+
+    p = build_parser()
+    assert p.parse_args(["graphs"]).graphs == list(GRAPH_VARIANTS)
+    assert p.parse_args(["graphs", "--graphs", "portable,gqa"]).graphs == ["portable", "gqa"]
+    with pytest.raises(SystemExit):
+        p.parse_args(["graphs", "--graphs", "portable,flash"])
+    assert "unknown graph variant flash (of sin, separate, both, gqa, portable)" in capsys.readouterr().err
