@@ -190,4 +190,3 @@ def save_model_sharing_weights(model: onnx.ModelProto, path: str | Path, shared:
             f.close()
     onnx.save_model(model, str(path))
     return [path]
-

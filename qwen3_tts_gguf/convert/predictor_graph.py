@@ -259,10 +259,11 @@ def build_sampler(vocab: int, float_type=np.float32) -> onnx.ModelProto:
 
 def build_code_predictor(ckpt: Checkpoint, float_type=np.float32, teacher_forced: bool = False,
                          fuse: bool = True, attention: str = "matmul") -> onnx.ModelProto:
-    """The code predictor of `ckpt` as one per-frame ONNX graph (opset 17); see the module doc.
+    """The code predictor of `ckpt` as one per-frame ONNX graph (opset 17: every device's); see the module
+    doc. `attention="standard"` makes each layer's attention opset 23's RotaryEmbedding and Attention (the
+    CPU's graph, manifest.PREDICTOR_CPU_FILE). For the bench's comparisons (`bench.experiments graphs`):
     `fuse=False` keeps q, k, v and gate, up as separate MatMuls; `attention="gqa"` makes each layer's
-    attention one GroupQueryAttention node, `"standard"` opset 23's RotaryEmbedding and Attention (all for
-    the bench's comparisons, `bench.experiments graphs`)."""
+    attention one GroupQueryAttention node."""
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     cfg, w = ckpt.config, ckpt.weights

@@ -98,4 +98,3 @@ def _check_predictor(predictor, ckpt: Checkpoint, precision: str, h: np.ndarray,
             raise VerificationError(f"{name} greedy codes {codes[0].tolist()} differ from the source "
                                     f"weights' {ref.argmax(-1).tolist()}")
     return {f"{key}_logits_rel_rms": err, f"{key}_codes_equal": bool(np.array_equal(ref.argmax(-1), codes[0]))}
-
