@@ -6,8 +6,8 @@ in the engine's chunks (`python -m bench --only codec`, 2026-12-02 01:33, 01:44,
 bench at 04:16): 0.84, 0.87, 0.77 and 0.76 of ONNX Runtime's time per frame, samples within fp32
 rounding of ONNX Runtime's (SNR 80 dB). The price is memory: the compiled graph keeps its own copies
 of the weights in the layouts its kernels want (the engine's peak after eight streams, 0.6B, side by
-side in docs/benchmarks.md's Codec overlap, 2026-12-02 04:39: 1925 -> 2055 MiB; compiled from the ONNX
-file before the cache below, 1922 -> 2459 at 04:09 and 1932 -> 2893 at 01:38).
+side in docs/benchmarks.md's Codec overlap, 2026-12-02 10:09: 1932 -> 2044 MiB, at 04:39 1925 -> 2055;
+compiled from the ONNX file before the cache below, 1922 -> 2459 at 04:09 and 1932 -> 2893 at 01:38).
 Opt-in, CPU only, never in the parity profile (`--deterministic` keeps ONNX Runtime's exact path).
 
 Precision is pinned to f32: on CPUs with AVX-512 BF16 or AMX, OpenVINO's default is bf16, which the
