@@ -185,7 +185,7 @@ def graph_variants(model: Path, out: Path, keys=tuple(GRAPH_VARIANTS)) -> dict[s
     """GRAPH_VARIANTS (`keys` of them) of the model folder `model`, each a copy under `out` with its graphs
     rebuilt from the model's checkpoint (code predictor int8, as the default converts it) and its manifest
     updated; keyed by the variants' names. A variant of the code predictor drops the CPU's graph
-    (PREDICTOR_CPU_FILE), so that the engine runs the variant's."""
+    (PREDICTOR_CPU_FILE), so that the engine runs the variant's; `portable` only drops it."""
     from qwen3_tts_gguf.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
     from qwen3_tts_gguf.convert.onnx_builder import save_model
@@ -195,21 +195,23 @@ def graph_variants(model: Path, out: Path, keys=tuple(GRAPH_VARIANTS)) -> dict[s
 
     ckpt = Checkpoint.open(load_manifest(model).source["path"])
 
+    portable = {PREDICTOR_CPU_FILE: None}  # file -> how to build it again; None: left out
+
     def predictor(**kw) -> dict:
-        return {PREDICTOR_FILE: lambda p: save_model(
+        return {**portable, PREDICTOR_FILE: lambda p: save_model(
             quantize_code_predictor(build_code_predictor(ckpt, **kw), "int8"), p, external=True)}
 
     sin = {CODEC_FILE: lambda p: save_model(build_codec_decoder(ckpt, snake_sin=True), p)}
     builds = {"sin": sin, "separate": predictor(fuse=False), "both": {**sin, **predictor(fuse=False)},
-              "gqa": predictor(attention="gqa"), "portable": predictor()}
+              "gqa": predictor(attention="gqa"), "portable": portable}
     folders = {}
     for key in keys:
         files = builds[key]
-        dropped = [f + "*" for f in files] + ([PREDICTOR_CPU_FILE] if PREDICTOR_FILE in files else [])
         folder = folders[GRAPH_VARIANTS[key]] = out / key
-        shutil.copytree(model, folder, ignore=shutil.ignore_patterns(*dropped))
+        shutil.copytree(model, folder, ignore=shutil.ignore_patterns(*(f + "*" for f in files)))
         for file, build in files.items():
-            build(folder / file)
+            if build is not None:
+                build(folder / file)
         manifest = Manifest.from_dict(json.loads((folder / MANIFEST).read_text()))
         manifest.files = file_entries(folder)
         (folder / MANIFEST).write_text(manifest.to_json())
