@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, TEXT_TABLES_FILE
+
 from .codec_precision import CHUNKS, decode_chunked, snr_db
 from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE
 
@@ -33,7 +35,7 @@ def _talker_run(folder: Path, quant: str, rows: np.ndarray, threads: int,
     """Logits and hidden states after each of the last STEPS+1 rows, decoded one row at a time."""
     from qwen3_tts_gguf.talker import Talker, TalkerSettings, repack_pays
 
-    talker = Talker(folder / "talker.gguf", TalkerSettings(n_ctx=512, max_streams=1, threads=threads,
+    talker = Talker(folder / TALKER_FILE, TalkerSettings(n_ctx=512, max_streams=1, threads=threads,
                                                              repack=repack_pays(quant), kv_cache=kv_cache))
     try:
         return talker.decode_steps(0, rows, len(rows) - STEPS)
@@ -49,7 +51,7 @@ def _teacher_rows(folder: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     from qwen3_tts_gguf.tokenizer import TextTokenizer
 
     manifest = load_manifest(folder)
-    tables = EmbeddingTables(folder / "text_tables.safetensors")
+    tables = EmbeddingTables(folder / TEXT_TABLES_FILE)
     prompts = PromptBuilder(manifest, TextTokenizer(folder, manifest.tokenizer["pretokenizer"]), tables)
     prompt = prompts.build(TEXT, VoiceSpec(speaker=SPEAKER, language=LANGUAGE), TEXT_MODE)
     codes = np.random.default_rng(seed).integers(0, 2048, (STEPS, 16))
@@ -108,7 +110,7 @@ def measure(folders: dict[str, str], threads: int) -> dict:
         n = len(ref_hidden)
         feeds = {"hidden": ref_hidden.astype(np.float32), "code0": ref_code0.astype(np.int64),
                  "rand": np.zeros((n, 15), np.float32), **pack(SamplingParams(greedy=True), n)}
-        runs = {cp: CodePredictor(f / "code_predictor.onnx", threads=threads).session.run(["codes", "logits"], feeds)
+        runs = {cp: CodePredictor(f / PREDICTOR_FILE, threads=threads).session.run(["codes", "logits"], feeds)
                 for cp, f in predictors.items()}
         ref_codes, ref_cp_logits = runs["fp32"]
         for cp, (cp_codes, cp_logits) in runs.items():
@@ -121,7 +123,7 @@ def measure(folders: dict[str, str], threads: int) -> dict:
                     [_rel_rms(a, b) for a, b in zip(cp_logits[:, 0], ref_cp_logits[:, 0])])),
             }
 
-    codec = CodecDecoder(talkers[ref_quant] / "codec_decoder.onnx", threads=threads)
+    codec = CodecDecoder(talkers[ref_quant] / CODEC_FILE, threads=threads)
     whole = codec.decode_all(codes)
     chunked, _ = decode_chunked(codec, codes)
     out["codec"] = {"frames": len(codes), "chunks": list(CHUNKS), "max_abs_diff": float(np.abs(chunked - whole).max()),

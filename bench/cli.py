@@ -29,6 +29,7 @@ from pathlib import Path
 from qwen3_tts_gguf.convert.presets import PRESETS
 from qwen3_tts_gguf.convert.talker_gguf import QUANTS as TALKER_QUANTS
 from qwen3_tts_gguf.cpus import OPENMP_WAIT_VARS
+from qwen3_tts_gguf.manifest import MANIFEST, PREDICTOR_FILE, TALKER_FILE
 
 from .common import CACHE, LONG_FRAMES, OUT, ROOT, wait_for_quiet
 
@@ -315,7 +316,7 @@ def run(args) -> dict:
             ckpt, vocab = prepare.ensure_checkpoint(shape, log)
             folders = {(head_quant, cp0): prepare.ensure_converted(ckpt, shape, head_quant, cp0, threads, log)}
             for quant, cp, _ in configs[1:]:  # the rest now if cached, else just before their runs
-                if (prepare.converted_path(ckpt, shape, quant, cp) / "manifest.json").exists():
+                if (prepare.converted_path(ckpt, shape, quant, cp) / MANIFEST).exists():
                     folders[(quant, cp)] = prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
             entry = results["shapes"][shape] = {"checkpoint": str(ckpt.relative_to(ROOT)), "vocab": vocab, "ours": {}}
             bar.update()
@@ -332,7 +333,7 @@ def run(args) -> dict:
                     cached.parent.mkdir(parents=True, exist_ok=True)
                     costs["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
                     cached.write_text(json.dumps(costs))
-            costs["talker_by_quant"] = {q: talker_cost(f / "talker.gguf") for (q, cp), f in folders.items() if cp == cp0}
+            costs["talker_by_quant"] = {q: talker_cost(f / TALKER_FILE) for (q, cp), f in folders.items() if cp == cp0}
             entry["costs"] = costs
             entry["headline"] = f"{head_quant}+{cp0}/t{threads}"
             bar.update()
@@ -347,9 +348,9 @@ def run(args) -> dict:
                     step(f"{shape}: convert {quant}/{cp}")
                     folders[(quant, cp)] = prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
                     if cp == cp0:
-                        costs["talker_by_quant"][quant] = talker_cost(folders[(quant, cp)] / "talker.gguf")
+                        costs["talker_by_quant"][quant] = talker_cost(folders[(quant, cp)] / TALKER_FILE)
                     if quant == head_quant and cp not in costs.setdefault("predictors", {}):
-                        costs["predictors"][cp] = predictor_cost(folders[(quant, cp)] / "code_predictor.onnx")
+                        costs["predictors"][cp] = predictor_cost(folders[(quant, cp)] / PREDICTOR_FILE)
                 step(f"{shape}: ours {key}" + (" + official" if paired else ""))
                 ours = Session(progress, key, "ours", dict(
                     model_dir=str(folders[(quant, cp)]), threads=t, frames=plan["frames"], warmup_frames=plan["warmup"],

@@ -28,6 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from qwen3_tts_gguf.manifest import (CODEC_FILE, MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE, Manifest, file_entries,
+                                     load_manifest)
+
 from .busy import LOADS, SETTLE_S, StressLoad
 from .common import OUT, Meter, median, wait_for_quiet
 
@@ -190,8 +193,6 @@ def graph_variants(model: Path, out: Path, keys=tuple(GRAPH_VARIANTS)) -> dict[s
     from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
     from qwen3_tts_gguf.convert.onnx_builder import save_model
     from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
-    from qwen3_tts_gguf.manifest import (CODEC_FILE, MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE, Manifest,
-                                         file_entries, load_manifest)
 
     ckpt = Checkpoint.open(load_manifest(model).source["path"])
 
@@ -312,7 +313,7 @@ def cp_quant(args) -> dict:
     from qwen3_tts_gguf.predictor import CodePredictor
     from qwen3_tts_gguf.sampler import SamplingParams, pack
 
-    fp32 = _model_dir(args.shape, "q8_0", "fp32") / "code_predictor.onnx"
+    fp32 = _model_dir(args.shape, "q8_0", "fp32") / PREDICTOR_FILE
     scratch = tempfile.TemporaryDirectory(prefix="cp-quant-")
     paths = {"fp32": fp32}
     for precision in ("int8", "int4"):
@@ -365,7 +366,7 @@ def codec_batch(args) -> dict:
     from qwen3_tts_gguf.codec import CodecDecoder, stack_states
 
     model = _model_dir(args.shape, "q8_0")
-    dec = CodecDecoder(model / "codec_decoder.onnx", threads=args.threads)
+    dec = CodecDecoder(model / CODEC_FILE, threads=args.threads)
     rng = np.random.default_rng(0)
     S = 8
     states = []

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
+
 
 # -- machine ---------------------------------------------------------------------------------
 def _best(fn, repeats: int) -> float:
@@ -288,10 +290,9 @@ def model_costs(model_dir: str | Path, threads: int, profile: bool = True,
     """Costs of the headline model folder; `predictor_dirs` {precision: folder} adds the code
     predictor of other folders (other precisions), each profiled too."""
     model_dir = Path(model_dir)
-    out = {"talker": talker_cost(model_dir / "talker.gguf")}
+    out = {"talker": talker_cost(model_dir / TALKER_FILE)}
     if profile:
-        out["codec"] = codec_cost(model_dir / "codec_decoder.onnx", threads)
-    from qwen3_tts_gguf.manifest import PREDICTOR_FILE, load_manifest
+        out["codec"] = codec_cost(model_dir / CODEC_FILE, threads)
     from qwen3_tts_gguf.model import predictor_file
 
     out["predictors"] = {}

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from qwen3_tts_gguf.manifest import MANIFEST
+
 from .common import CACHE, ROOT
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
@@ -103,7 +105,7 @@ def ensure_converted(checkpoint: Path, shape: str, quant: str, cp_precision: str
     from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
 
     out = converted_path(checkpoint, shape, quant, cp_precision)
-    if (out / "manifest.json").exists():
+    if (out / MANIFEST).exists():
         return out
     for stale in (CACHE / "models").glob(f"{shape}-{quant}-cp{cp_precision}-*"):
         shutil.rmtree(stale, ignore_errors=True)

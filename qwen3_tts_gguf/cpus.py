@@ -121,7 +121,10 @@ def stage_threads(threads: int | None = 0, *, codec_overlap: bool = False, codec
     run); but a stream's first chunk, decoded at once on the engine thread, then gets only that many
     threads too (its 1-frame call 76-80 ms instead of 49-51 in the full bench of 2026-12-01 13:34;
     first audio 0.34 -> 0.35 s in the 18:01 run, 0.29 -> 0.31 in one at 17:58): opt-in
-    (`--codec-threads 1`), for servers that want throughput more than first audio."""
+    (`--codec-threads 1`), for servers that want throughput more than first audio.
+    The code predictor keeps every core: on one thread, leaving the other to the codec, `--preset fast`'s
+    int4 graph (which two threads speed up least: one frame alone 41.5 -> 38.7 ms) ran no faster in the
+    engine (2026-12-02 11:28, 6 alternating rounds: RTF 1.32 / 1.32, code predictor 53 / 53 ms per frame)."""
     n = default_threads(threads)
     if not codec_overlap or n < 2:
         return StageThreads(n, n, n, codec_threads or n, 1)

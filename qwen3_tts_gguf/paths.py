@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .manifest import MANIFEST
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,4 +28,4 @@ def installed_models(base: Path | None = None) -> list[Path]:
     base = base or model_base_dir()
     if not base.is_dir():
         return []
-    return sorted(p for p in base.iterdir() if not p.name.startswith(".") and (p / "manifest.json").is_file())
+    return sorted(p for p in base.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file())
