@@ -13,6 +13,11 @@ Our engine also runs with llama.cpp's OpenMP threads spinning at every barrier
 capped the spin in `qwen3_tts_gguf.cpus.import_llama`). That session is started only for its own runs and closed
 right after: its idle OpenMP threads spin too, so while it is alive it is a background load of its
 own.
+
+Our engine on one thread (`threads=1`: every stage inline on one core) runs with no load and beside one
+busy process: with no load it says how much the second core speeds our run up, which is what a load
+that leaves us one core takes back (the loads run in sessions of their own, and with the kernel's
+autogroup the CPU is shared between sessions before threads).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ LOADS = (
 )
 OLD_POLICY = {"OMP_WAIT_POLICY": "ACTIVE"}
 OLD_POLICY_LOADS = ("none", "cpu1", "cpu2")  # the old waits are measured where they matter (and quiet, as baseline)
+ONE_THREAD_LOADS = ("none", "cpu1")  # our engine on one thread: what one core gives, quiet and beside one busy process
 SETTLE_S = 2.0  # the load ramps up before the first measured run
 HEADLINE = ("0.6b", "q8_0", "int8")
 
@@ -111,7 +117,8 @@ class StressLoad:
 
 
 def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, frames: int, reps: int,
-            official_reps: int, old_reps: int, official_loaded_reps: int | None = None, quiet_s: float, budget_s: float | None, official: bool = True,
+            official_reps: int, old_reps: int, official_loaded_reps: int | None = None, one_reps: int = 0,
+            quiet_s: float, budget_s: float | None, official: bool = True,
             timeout_s: float = 600, step=None) -> dict:
     """Every load of LOADS in turn; returns the block for results["busy"]."""
     from . import machine
@@ -120,8 +127,8 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
     out = {"shape": HEADLINE[0], "quant": HEADLINE[1], "cp": HEADLINE[2], "threads": threads, "frames": frames,
            "reps": reps, "official_reps": official_reps if official else 0,
            "official_loaded_reps": (official_reps if official_loaded_reps is None else official_loaded_reps)
-           if official else 0, "old_reps": old_reps,
-           "old_policy_env": OLD_POLICY, "settle_s": SETTLE_S, "quiet_s": quiet_s,
+           if official else 0, "old_reps": old_reps, "one_reps": one_reps,
+           "old_policy_env": OLD_POLICY, "autogroup": machine.sched_autogroup(), "settle_s": SETTLE_S, "quiet_s": quiet_s,
            **machine.block_origin(), "started": time.time(), "loads": {}}
     exe = shutil.which("stress-ng")
     if exe is None:
@@ -160,7 +167,7 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
 
     for key, args, what in LOADS:
         row = out["loads"][key] = {"what": what, "command": None if args is None else "stress-ng " + " ".join(args),
-                                   "ours": [], "official": [], "old": [], "errors": []}
+                                   "ours": [], "official": [], "old": [], "one": [], "errors": []}
         if quiet_s:  # the previous load is gone and nothing else is busy
             row["quiet_before"] = wait_for_quiet(quiet_s)
         load = StressLoad(exe, args, timeout_s * 4) if args else None
@@ -191,6 +198,14 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
                 for rep in range(old_reps):
                     one(old, "old", key, rep, row["old"], row["errors"], pids=(old.proc.pid,))
                 row["old_summary"] = old.close()
+            if key in ONE_THREAD_LOADS and one_reps and started:
+                step(f"busy {key}: loading ours on one thread")
+                one_thread = Session(progress, "busy ours (one thread)", "ours", dict(
+                    model_dir=model_dir, threads=1, frames=frames, warmup_frames=4, concurrency_frames=frames,
+                    max_streams=8), timeout=timeout_s)
+                for rep in range(one_reps):
+                    one(one_thread, "one", key, rep, row["one"], row["errors"], pids=(one_thread.proc.pid,))
+                row["one_summary"] = one_thread.close()
             if load and started and not load.alive():  # it ended before we stopped it: the load did not last the runs
                 row["errors"].append("the load ended early: " + load.error())
         if load:

@@ -84,6 +84,15 @@ def block_origin() -> dict:
     return {"date": info["date"], "commit": info["commit"], "dirty_files": info["dirty_files"]}
 
 
+def sched_autogroup() -> bool | None:
+    """Whether the kernel shares the CPU between sessions before threads (CFS autogroup); None where
+    that cannot be read."""
+    try:
+        return open("/proc/sys/kernel/sched_autogroup_enabled").read().strip() == "1"
+    except OSError:
+        return None
+
+
 def loadavg() -> list[str]:
     try:
         return open("/proc/loadavg").read().split()[:3]

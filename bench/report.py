@@ -785,7 +785,7 @@ def _busy_slowdowns(busy: dict) -> dict:
     out = {}
     for key, row in loads.items():
         out[key] = {}
-        for who in ("ours", "official", "old"):
+        for who in ("ours", "official", "old", "one"):
             runs = row.get(who) or []
             med, best = _med(runs, "rtf"), _best(runs, "rtf")
             b = _med(base.get(who) or [], "rtf")
@@ -829,12 +829,14 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
       f"median RTF with no load in the same block. *Old spinning waits*: our engine with `{old_env}` and no spin count, so "
       f"llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine caps the spin at "
       f"{SPIN_COUNT} turns, GOMP_SPINCOUNT, when it loads llama.cpp, `qwen3_tts_gguf/cpus.py`); its own unloaded run "
-      "is its baseline.\n")
+      "is its baseline." + (f" *One thread*: our engine with `threads=1` (every stage inline on one core), "
+                             f"{busy['one_reps']} runs." if busy.get("one_reps") else "") + "\n")
     w("| load | ours RTF | ours slowdown | official RTF | official slowdown | ours with the old spinning waits: "
-      "RTF (slowdown) | background load: the load alone; during ours / official / old-waits runs |")
-    w("|---|---|---|---|---|---|---|")
+      "RTF (slowdown) | ours on one thread: RTF | background load: the load alone; during ours / official / "
+      "old-waits runs |")
+    w("|---|---|---|---|---|---|---|---|")
     for key, row in loads.items():
-        o, f, a = sd[key]["ours"], sd[key]["official"], sd[key]["old"]
+        o, f, a, one = sd[key]["ours"], sd[key]["official"], sd[key]["old"], sd[key]["one"]
 
         def rtf(v, n):
             return "–" if v[0] is None else f"{v[0]:.2f}" + (f" ({v[1]:.2f})" if n > 1 else "")
@@ -848,10 +850,10 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
               + " / ".join(_bg(row.get(who) or []) for who in ("ours", "official", "old")))
         label = BUSY_LABELS.get(key, row.get("command") or key)
         if row.get("errors") and not row.get("ours"):
-            w(f"| {label} | failed: {'; '.join(row['errors'])[:200]} | | | | | {bg} |")
+            w(f"| {label} | failed: {'; '.join(row['errors'])[:200]} | | | | | | {bg} |")
             continue
         w(f"| {label} | {rtf(o, len(row.get('ours') or []))} | {slow(o)} | {rtf(f, len(row.get('official') or []))} | "
-          f"{slow(f)} | {old} | {bg} |")
+          f"{slow(f)} | {old} | {rtf(one, len(row.get('one') or []))} | {bg} |")
     w("")
     w("The loads, each started in its own process group "
       f"{busy.get('settle_s', 2):.0f} s before the first run of its block and killed (the group checked empty) "
@@ -900,7 +902,22 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         w(f"- One busy background process: slowdown ≤ {ONE_PROCESS_TARGET}×. Measured: {figs}. "
           + ("**Reached.**" if reached else "**Not reached.**"))
         c1 = cores["ours"].get("cpu1")
-        if not reached and q and c1:
+        one_none, one_cpu1 = sd.get("none", {}).get("one", (None,) * 3)[0], sd.get("cpu1", {}).get("one", (None,) * 3)[0]
+        ours_none, ours_cpu1 = sd.get("none", {}).get("ours", (None,) * 3)[0], sd.get("cpu1", {}).get("ours", (None,) * 3)[0]
+        if not reached and q and c1 and busy.get("autogroup") and one_none and ours_none:
+            w(f"  What bounds it: the core the load leaves us, and how much a second core speeds our run up. Each "
+              "load runs in a session of its own, as a program started elsewhere does, and this kernel shares the "
+              "CPU between sessions before threads (autogroup, `/proc/sys/kernel/sched_autogroup_enabled` = 1): "
+              f"beside one busy process our run got {c1:.2f} cores, whatever its thread count (it keeps {q:.2f} "
+              f"busy alone). On one thread our engine took RTF {one_none:.2f} with no load"
+              + (f" and {one_cpu1:.2f} beside this load (a core of its own)" if one_cpu1 else "")
+              + f", against {ours_none:.2f} on {t} threads with no load: the second core speeds our run up "
+              f"{one_none / ours_none:.2f}×, and this load takes that core back. So one core gives at best about "
+              f"{one_none / ours_none:.2f}× our unloaded RTF"
+              + (f" (our {t} threads beside the load: {ours_cpu1:.2f}; switching to one thread under load would "
+                 f"gain {ours_cpu1 / one_cpu1:.2f}×)" if one_cpu1 and ours_cpu1 else "")
+              + f"; ≤ {ONE_PROCESS_TARGET}× needs a run on one core within {ONE_PROCESS_TARGET}× of a run on two.")
+        elif not reached and q and c1:
             w(f"  What bounds it: the share of the CPU the run gets. With no load our run keeps {q:.2f} cores busy "
               f"(llama.cpp and ONNX Runtime with {t} threads each, one after the other); beside one busy process it "
               f"got {c1:.2f} while the load kept its own core (background "

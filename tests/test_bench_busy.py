@@ -59,8 +59,30 @@ def test_busy_table_rtf_slowdown_and_background():
     # slowdown = loaded median / unloaded median of the same block
     assert cpu2[2] == f"{4.1 / 2.1:.2f}×" and cpu2[4] == f"{31.0 / 9.2:.2f}×"
     assert cpu2[5] == f"70.00 ({70.0 / 2.1:.1f}×)"
-    assert cpu2[6] == "100 %; 50 % / 50 % / 30 %"
+    assert cpu2[7] == "100 %; 50 % / 50 % / 30 %"
     assert by_load["`stress-ng --stream 1`"][5] == "–"  # the old waits are not measured there
+    assert header[6] == "ours on one thread: RTF" and cpu2[6] == "–"  # not measured in this fake block
+
+
+def test_one_thread_runs_bound_the_slowdown_where_the_kernel_shares_by_session():
+    """With autogroup, one busy process leaves our session one core: the one-thread runs say what that core
+    gives (the second core's speed-up is what the load takes back)."""
+    busy = _busy(cpu1_ours=(3.5, 3.3))
+    busy.update(one_reps=2, autogroup=True)
+    busy["loads"]["none"]["one"] = [_run(2.9, cores=1.0), _run(3.1, cores=1.0)]
+    busy["loads"]["cpu1"]["one"] = [_run(3.0, 0.5, cores=1.0), _run(3.2, 0.5, cores=1.0)]
+    text = render_busy(busy)
+    row = next(r for r in _table(text) if r[0] == "`stress-ng --cpu 1`")
+    assert row[6] == "3.10 (3.00)"
+    assert "*One thread*: our engine with `threads=1`" in text and "2 runs." in text
+    assert "autogroup" in text and "our run got 1.00 cores, whatever its thread count (it keeps 1.75 busy alone)" in text
+    assert ("On one thread our engine took RTF 3.00 with no load and 3.10 beside this load (a core of its own), "
+            "against 2.10 on 2 threads with no load: the second core speeds our run up 1.43×") in text
+    assert "switching to one thread under load would gain 1.10×" in text  # 3.40 / 3.10
+    assert "an even split of the 2 cores" not in text
+
+    busy["autogroup"] = False  # threads share the cores: the even split bounds it
+    assert "an even split of the 2 cores" in render_busy(busy)
 
 
 def test_busy_targets_reached_and_not():
