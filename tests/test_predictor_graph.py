@@ -344,6 +344,46 @@ def test_quantized_code_predictor_block_size(setup):
         quantize_code_predictor(build_code_predictor(setup.ckpt), "int8", 48)
 
 
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_graphs_of_one_code_predictor_are_quantized_once_as_each_alone(setup, precision, monkeypatch):
+    """The converter's two graphs (portable, CPU) quantized together, each weight once: every graph equals
+    the one ONNX Runtime's quantizer makes of it alone, node by node (names too) and initializer by
+    initializer; fp32 leaves them as they are."""
+    from qwen3_tts_gguf.convert.predictor_graph import quantize_code_predictor, quantize_code_predictors
+
+    def build():
+        return [build_code_predictor(setup.ckpt), build_code_predictor(setup.ckpt, attention="standard")]
+
+    def parts(model):
+        nodes = sorted((n.name, n.op_type, tuple(n.input), tuple(n.output),
+                        tuple(sorted(a.SerializeToString() for a in n.attribute))) for n in model.graph.node)
+        return nodes, {t.name: t.SerializeToString() for t in model.graph.initializer}, \
+            [(m.key, m.value) for m in model.metadata_props], sorted((o.domain, o.version) for o in model.opset_import)
+
+    from qwen3_tts_gguf.convert import predictor_graph
+
+    def weight_matmuls(model) -> int:
+        weights = {t.name for t in model.graph.initializer}
+        return sum(n.op_type == "MatMul" and n.input[1] in weights for n in model.graph.node)
+
+    left = []  # constant-weight MatMuls each graph still had when it reached the quantizer
+
+    def spy(model, *args):
+        left.append(weight_matmuls(model))
+        return quantize_code_predictor(model, *args)
+
+    monkeypatch.setattr(predictor_graph, "quantize_code_predictor", spy)
+    together = quantize_code_predictors(build(), precision)
+    monkeypatch.undo()
+    assert left[0] > 0 and left[1:] == [0]  # the CPU graph's weights were all quantized already
+    alone = [quantize_code_predictor(g, precision) for g in build()]
+    assert [parts(m) for m in together] == [parts(m) for m in alone]
+    assert {"MatMulNBits", "Attention"} <= {n.op_type for n in together[1].graph.node}
+    assert weight_matmuls(together[1]) == 0
+    fp32 = build()
+    assert quantize_code_predictors(fp32, "fp32") == fp32
+
+
 def test_quantized_code_predictor_keeps_its_tables_in_float16(setup, tmp_path):
     """A quantized graph stores its embedding tables in float16 (half their resident pages): no float32
     table is left, and the frame embedding (tables only, when the codes are forced) is the official one

@@ -23,7 +23,7 @@ from ..manifest import (CODEC_ENCODER_FILE, CODEC_FILE, MANIFEST, PREDICTOR_CPU_
                         load_manifest)
 from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
 from .onnx_builder import save_model, save_model_sharing_weights
-from .predictor_graph import build_code_predictor, quantize_code_predictor
+from .predictor_graph import build_code_predictor, quantize_code_predictors
 from .presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
 from .talker_gguf import QUANTS, write_talker_gguf
 from .text_tables import write_text_tables
@@ -149,11 +149,10 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         # copy and never read the mapped one again (143 MiB less resident at 0.6B, same speed; the codec
         # gains nothing this way: its convolutions read the weights at every call); then the CPU's graph,
         # fused attention on those same weights (manifest.PREDICTOR_CPU_FILE)
-        predictor = quantize_code_predictor(build_code_predictor(ckpt), cp_precision, cp_block_size)
-        save_model(predictor, tmp / PREDICTOR_FILE, external=True)
-        predictor = quantize_code_predictor(build_code_predictor(ckpt, attention="standard"), cp_precision,
-                                            cp_block_size)
-        save_model_sharing_weights(predictor, tmp / PREDICTOR_CPU_FILE, tmp / PREDICTOR_FILE)
+        portable, cpu = quantize_code_predictors(
+            [build_code_predictor(ckpt), build_code_predictor(ckpt, attention="standard")], cp_precision, cp_block_size)
+        save_model(portable, tmp / PREDICTOR_FILE, external=True)
+        save_model_sharing_weights(cpu, tmp / PREDICTOR_CPU_FILE, tmp / PREDICTOR_FILE)
         bar.update()
         stage("codec decoder")
         from .codec_graph import build_codec_decoder
