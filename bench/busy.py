@@ -17,7 +17,10 @@ own.
 Our engine on one thread (`threads=1`: every stage inline on one core) runs with no load and beside one
 busy process: with no load it says how much the second core speeds our run up, which is what a load
 that leaves us one core takes back (the loads run in sessions of their own, and with the kernel's
-autogroup the CPU is shared between sessions before threads).
+autogroup the CPU is shared between sessions before threads). And beside one busy process, our engine
+in a session of its own at autogroup nice WEIGHTED_NICE: a larger CPU weight than the load's, which an
+operator gives a service (systemd's `CPUWeight=`, `nice`); lowering a nice needs privileges, and the
+runs report the refusal otherwise.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ LOADS = (
 OLD_POLICY = {"OMP_WAIT_POLICY": "ACTIVE"}
 OLD_POLICY_LOADS = ("none", "cpu1", "cpu2")  # the old waits are measured where they matter (and quiet, as baseline)
 ONE_THREAD_LOADS = ("none", "cpu1")  # our engine on one thread: what one core gives, quiet and beside one busy process
+WEIGHTED_LOADS = ("cpu1",)  # our engine with a larger CPU weight than the load's
+WEIGHTED_NICE = -5  # its session's autogroup nice: CFS weight 3121 against the load's 1024 (nice 0)
 SETTLE_S = 2.0  # the load ramps up before the first measured run
 HEADLINE = ("0.6b", "q8_0", "int8")
 
@@ -118,6 +123,7 @@ class StressLoad:
 
 def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, frames: int, reps: int,
             official_reps: int, old_reps: int, official_loaded_reps: int | None = None, one_reps: int = 0,
+            weighted_reps: int = 0,
             quiet_s: float, budget_s: float | None, official: bool = True,
             timeout_s: float = 600, step=None) -> dict:
     """Every load of LOADS in turn; returns the block for results["busy"]."""
@@ -127,7 +133,8 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
     out = {"shape": HEADLINE[0], "quant": HEADLINE[1], "cp": HEADLINE[2], "threads": threads, "frames": frames,
            "reps": reps, "official_reps": official_reps if official else 0,
            "official_loaded_reps": (official_reps if official_loaded_reps is None else official_loaded_reps)
-           if official else 0, "old_reps": old_reps, "one_reps": one_reps,
+           if official else 0, "old_reps": old_reps, "one_reps": one_reps, "weighted_reps": weighted_reps,
+           "weighted_nice": WEIGHTED_NICE,
            "old_policy_env": OLD_POLICY, "autogroup": machine.sched_autogroup(), "settle_s": SETTLE_S, "quiet_s": quiet_s,
            **machine.block_origin(), "started": time.time(), "loads": {}}
     exe = shutil.which("stress-ng")
@@ -167,7 +174,7 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
 
     for key, args, what in LOADS:
         row = out["loads"][key] = {"what": what, "command": None if args is None else "stress-ng " + " ".join(args),
-                                   "ours": [], "official": [], "old": [], "one": [], "errors": []}
+                                   "ours": [], "official": [], "old": [], "one": [], "weighted": [], "errors": []}
         if quiet_s:  # the previous load is gone and nothing else is busy
             row["quiet_before"] = wait_for_quiet(quiet_s)
         load = StressLoad(exe, args, timeout_s * 4) if args else None
@@ -206,6 +213,17 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
                 for rep in range(one_reps):
                     one(one_thread, "one", key, rep, row["one"], row["errors"], pids=(one_thread.proc.pid,))
                 row["one_summary"] = one_thread.close()
+            if key in WEIGHTED_LOADS and weighted_reps and started:
+                step(f"busy {key}: loading ours at autogroup nice {WEIGHTED_NICE}")
+                weighted = Session(progress, "busy ours (larger CPU weight)", "ours", dict(
+                    model_dir=model_dir, threads=threads, frames=frames, warmup_frames=4, concurrency_frames=frames,
+                    max_streams=8, autogroup_nice=WEIGHTED_NICE), timeout=timeout_s)
+                if weighted.ok:
+                    for rep in range(weighted_reps):
+                        one(weighted, "weighted", key, rep, row["weighted"], row["errors"])
+                else:
+                    row["weighted_error"] = weighted.ready["error"]
+                row["weighted_summary"] = weighted.close()
             if load and started and not load.alive():  # it ended before we stopped it: the load did not last the runs
                 row["errors"].append("the load ended early: " + load.error())
         if load:

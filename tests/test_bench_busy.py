@@ -81,8 +81,37 @@ def test_one_thread_runs_bound_the_slowdown_where_the_kernel_shares_by_session()
     assert "switching to one thread under load would gain 1.10×" in text  # 3.40 / 3.10
     assert "an even split of the 2 cores" not in text
 
+    assert "The memory-bandwidth hog is a busy process as well" in text  # said whichever bound applies
+    assert "With a larger CPU weight" not in text  # not measured in this block
+
     busy["autogroup"] = False  # threads share the cores: the even split bounds it
     assert "an even split of the 2 cores" in render_busy(busy)
+
+
+def test_a_larger_cpu_weight_is_reported_against_the_unloaded_runs():
+    busy = _busy(cpu1_ours=(3.5, 3.3))
+    busy.update(weighted_reps=2, weighted_nice=-5, autogroup=True)
+    busy["loads"]["cpu1"]["weighted"] = [_run(2.4, 0.3, cores=1.4), _run(2.6, 0.3, cores=1.4)]  # 2.5 / 2.1
+    text = render_busy(busy)
+    assert ("With a larger CPU weight: our engine in a session of its own at autogroup nice -5 (CFS weight 3121 "
+            "against the load's 1024") in text
+    assert "took RTF 2.50 beside `stress-ng --cpu 1`, keeping 1.40 cores busy: 1.19× our unloaded RTF, within the 1.3× target" in text
+
+    busy["loads"]["cpu1"]["weighted"] = []
+    busy["loads"]["cpu1"]["weighted_error"] = "PermissionError: [Errno 13] Permission denied: '/proc/self/autogroup'"
+    assert "With a larger CPU weight: not measured (PermissionError" in render_busy(busy)
+
+
+def test_a_worker_leaves_for_a_session_of_its_own_at_the_nice_asked(monkeypatch, tmp_path):
+    from bench import worker
+
+    calls, written = [], tmp_path / "autogroup"
+    monkeypatch.setattr(worker.os, "setsid", lambda: calls.append("setsid"))
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(written if path == "/proc/self/autogroup"
+                                                                          else path, *a, **k))
+    worker._own_session_at(-5)
+    assert calls == ["setsid"] and written.read_text() == "-5"
 
 
 def test_busy_targets_reached_and_not():
@@ -147,11 +176,15 @@ def test_splice_inserts_then_replaces_keeping_every_section():
     assert splice_section("# B\n\ntext\n", "## Busy machine", "## Busy machine\n\nf\n") == "# B\n\ntext\n\n## Busy machine\n\nf\n\n"
 
 
-def test_full_render_includes_the_section():
+def _results_with(busy: dict) -> dict:
     plan = dict(cli.MODES["full"], **cli.BUSY, mode="full")
     machine = {"date": "2026-12-01", "commit": "abc", "versions": {}, "cpu": "cpu", "cores": 2, "flags": [],
                "kernel": "k", "python": "3.11", "ram_gib": 8}
-    text = render({"plan": plan, "machine": machine, "shapes": {}, "busy": _busy()})
+    return {"plan": plan, "machine": machine, "shapes": {}, "busy": busy}
+
+
+def test_full_render_includes_the_section():
+    text = render(_results_with(_busy()))
     assert "## Busy machine" in text and "python -m bench --only busy" in text
 
 

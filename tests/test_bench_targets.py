@@ -107,6 +107,11 @@ def test_the_blocks_add_busy_machine_and_memory():
     assert _row(text, "one busy process")[1:3] == ["≤ 1.3×", "1.40× (0.6B)"]
     assert _row(text, "one busy process")[3].startswith("**not reached**")
     assert _row(text, "two busy processes")[1:] == ["≤ official's (3.70×)", "1.33× (0.6B)", "**reached**"]
+    res["busy"].update(weighted_nice=-5)
+    res["busy"]["loads"]["cpu1"]["weighted"] = [{"rtf": 3.6}]  # 1.20x the unloaded 3.0
+    row = _row(render_targets(res), "one busy process")
+    assert row[2] == "1.40× (0.6B); 1.20× under `--cpu 1` with a larger CPU weight (autogroup nice -5)"
+    assert row[3].startswith("**not reached**; with the larger CPU weight **reached**")
     assert re.search(r"\| peak RSS.* \| ≤ 1536 \| 2,212 \(`m`, KV cache q8_0\) \| \*\*not reached\*\*", text)
     res["memory"]["shapes"] = {"0.6b --preset fast": {"model": "f", "kv": {"q4_0": {"parts": {}, "peak": {"peak_mb": 1500.0}}}},
                                "1.7b": {"model": "b", "kv": {"q8_0": {"parts": {}, "peak": {"peak_mb": 1000.0}}}}}
