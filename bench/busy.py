@@ -172,6 +172,21 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
             runs.append(r)
             walls[(who, load)] = r.get("wall_s", 0)
 
+    def extra_runs(who: str, load: str, label: str, n: int, row: dict, env: dict | None = None, **params) -> None:
+        """`n` runs of our engine in a session started for them and closed right after (`params` over the
+        headline session's); a session that does not load leaves `{who}_error` and a failed run."""
+        step(f"busy {load}: loading ours {label}")
+        session = Session(progress, f"busy ours ({label})", "ours", {
+            **dict(model_dir=model_dir, threads=threads, frames=frames, warmup_frames=4, concurrency_frames=frames,
+                   max_streams=8), **params}, timeout=timeout_s, env=env)
+        if session.ok:
+            for rep in range(n):
+                one(session, who, load, rep, row[who], row["errors"], pids=(session.proc.pid,))
+        else:
+            row[f"{who}_error"] = session.ready["error"]
+            row["errors"].append(f"ours {label}: {session.ready['error']}")
+        row[f"{who}_summary"] = session.close()
+
     for key, args, what in LOADS:
         row = out["loads"][key] = {"what": what, "command": None if args is None else "stress-ng " + " ".join(args),
                                    "ours": [], "official": [], "old": [], "one": [], "weighted": [], "errors": []}
@@ -198,32 +213,12 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
                     one(off, "official", key, rep, row["official"], row["errors"])
             if key in OLD_POLICY_LOADS and old_reps and started:
                 # started only now and closed right after: its idle threads spin, a load of their own
-                step(f"busy {key}: loading ours with spinning waits")
-                old = Session(progress, "busy ours (old waits)", "ours", dict(
-                    model_dir=model_dir, threads=threads, frames=frames, warmup_frames=4, concurrency_frames=frames,
-                    max_streams=8), timeout=timeout_s, env=OLD_POLICY)
-                for rep in range(old_reps):
-                    one(old, "old", key, rep, row["old"], row["errors"], pids=(old.proc.pid,))
-                row["old_summary"] = old.close()
+                extra_runs("old", key, "with spinning waits", old_reps, row, env=OLD_POLICY)
             if key in ONE_THREAD_LOADS and one_reps and started:
-                step(f"busy {key}: loading ours on one thread")
-                one_thread = Session(progress, "busy ours (one thread)", "ours", dict(
-                    model_dir=model_dir, threads=1, frames=frames, warmup_frames=4, concurrency_frames=frames,
-                    max_streams=8), timeout=timeout_s)
-                for rep in range(one_reps):
-                    one(one_thread, "one", key, rep, row["one"], row["errors"], pids=(one_thread.proc.pid,))
-                row["one_summary"] = one_thread.close()
+                extra_runs("one", key, "on one thread", one_reps, row, threads=1)
             if key in WEIGHTED_LOADS and weighted_reps and started:
-                step(f"busy {key}: loading ours at autogroup nice {WEIGHTED_NICE}")
-                weighted = Session(progress, "busy ours (larger CPU weight)", "ours", dict(
-                    model_dir=model_dir, threads=threads, frames=frames, warmup_frames=4, concurrency_frames=frames,
-                    max_streams=8, autogroup_nice=WEIGHTED_NICE), timeout=timeout_s)
-                if weighted.ok:
-                    for rep in range(weighted_reps):
-                        one(weighted, "weighted", key, rep, row["weighted"], row["errors"])
-                else:
-                    row["weighted_error"] = weighted.ready["error"]
-                row["weighted_summary"] = weighted.close()
+                extra_runs("weighted", key, f"at autogroup nice {WEIGHTED_NICE}", weighted_reps, row,
+                           autogroup_nice=WEIGHTED_NICE)
             if load and started and not load.alive():  # it ended before we stopped it: the load did not last the runs
                 row["errors"].append("the load ended early: " + load.error())
         if load:

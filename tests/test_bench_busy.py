@@ -229,3 +229,74 @@ def test_stopping_a_load_leaves_no_process_of_its_group(tmp_path):
         pgid = load.proc.pid
     assert load.stopped["left"] == [] and _group_members(pgid) == []
     assert os.getpgid(os.getpid()) != pgid
+
+
+def test_measure_runs_each_extra_session_where_it_belongs(monkeypatch):
+    """The block's orchestration with stand-ins for the workers and the loads: our headline session and the
+    official one alternate under every load; the old-waits, one-thread and larger-weight sessions each run
+    under their loads with their own parameters and are closed; a session that does not load is reported."""
+    from bench import busy
+
+    started = []
+
+    class FakeSession:
+        def __init__(self, progress, label, kind, params, timeout=0, env=None):
+            self.label, self.params, self.env = label, params, env
+            self.ready = {"error": "PermissionError: no"} if "autogroup_nice" in params and refuse else {"ready": True}
+            self.proc = type("P", (), {"pid": 4242})()
+            self.closed = False
+            started.append(self)
+
+        @property
+        def ok(self):
+            return "error" not in self.ready
+
+        def call(self, op, rep):
+            return {"rtf": 2.0 + rep, "wall_s": 0.0, "cpu_s": 0.0, "background": 0.0}
+
+        def close(self):
+            self.closed = True
+            return {"closed": self.label}
+
+    class FakeLoad:
+        stopped = {"left": []}
+
+        def __init__(self, exe, args, max_s):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def alive(self):
+            return True
+
+    monkeypatch.setattr("bench.cli.Session", FakeSession)
+    monkeypatch.setattr(busy, "StressLoad", FakeLoad)
+    monkeypatch.setattr(busy, "SETTLE_S", 0.0)
+    monkeypatch.setattr(busy.shutil, "which", lambda exe: "/usr/bin/stress-ng")
+    monkeypatch.setattr(busy.subprocess, "run", lambda *a, **k: type("R", (), {"stdout": "stress-ng 0.1"})())
+    refuse = False
+    kwargs = dict(model_dir="m", checkpoint="c", threads=2, frames=8, reps=2, official_reps=1, old_reps=1,
+                  one_reps=2, weighted_reps=2, quiet_s=0.0, budget_s=None)
+    out = busy.measure(None, print, **kwargs)
+    loads = out["loads"]
+    assert [len(loads[k]["ours"]) for k in loads] == [2, 2, 2, 2]
+    assert {k for k in loads if loads[k]["old"]} == set(busy.OLD_POLICY_LOADS)
+    assert {k for k in loads if loads[k]["one"]} == {"none", "cpu1"} == set(busy.ONE_THREAD_LOADS)
+    assert {k for k in loads if loads[k]["weighted"]} == {"cpu1"} and len(loads["cpu1"]["weighted"]) == 2
+    extra = {s.label: s for s in started[2:]}
+    assert extra["busy ours (on one thread)"].params["threads"] == 1
+    assert extra["busy ours (with spinning waits)"].env == busy.OLD_POLICY
+    weighted = extra["busy ours (at autogroup nice -5)"]
+    assert weighted.params["autogroup_nice"] == -5 and weighted.params["threads"] == 2
+    assert all(s.closed for s in started)
+    assert out["weighted_nice"] == -5 and out["one_reps"] == 2 and out["autogroup"] in (True, False, None)
+
+    refuse, started[:] = True, []
+    out = busy.measure(None, print, **kwargs)
+    assert out["loads"]["cpu1"]["weighted"] == [] and out["loads"]["cpu1"]["weighted_error"] == "PermissionError: no"
+    assert "ours at autogroup nice -5: PermissionError: no" in out["loads"]["cpu1"]["errors"]
+    assert "With a larger CPU weight: not measured (PermissionError: no)" in render_busy(out)
