@@ -158,6 +158,9 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     # fought the overlapped codec: one stream's RTF 1.45 -> 1.47, eight streams' 0.83 -> 0.97
     # (`python -m bench.experiments codec-overlap` with those entries, 2026-12-01 18:14)
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # ORT's dynamic block sizing (`session.dynamic_block_base` 4 or 8) made a code predictor call alone
+    # 10-20 % faster (68 -> 55-61 ms) but the engine no faster: one stream's RTF 1.77 / 1.67 / 1.73 and
+    # 1.77 / 1.80 / 1.78 (default / 4 / 8, 0.6B, two runs of 6 and 8 alternating rounds, 2026-12-02 13:09)
     # no CPU arena: it kept the codec's largest activations for good (+130 MB resident at 0.6B) and
     # measured no faster for either graph (docs/benchmarks.md, Memory)
     opts.enable_cpu_mem_arena = False
