@@ -392,7 +392,7 @@ def render_targets(res: dict) -> str:
                      + f" | {_verdict(one, ONE_PROCESS_TARGET)}"
                      + (f"; with the larger CPU weight {_verdict(weighted, ONE_PROCESS_TARGET)}" if weighted is not None
                         else "") + " (*Busy machine* says what bounds it) |")
-        o2, f2 = (sd.get("cpu2", {}).get(who, (None,) * 3)[2] for who in ("ours", "official"))
+        o2, f2 = (_busy_figure(sd, "cpu2", who, 2) for who in ("ours", "official"))
         extra.append(f"| two busy processes (`stress-ng --cpu 2`): slowdown | ≤ official's ({_f(f2, 2)}×) | "
                      f"{_f(o2, 2)}× ({label0}) | {_verdict(o2, f2) if f2 is not None else 'not measured'} |")
     if mem:
@@ -799,10 +799,15 @@ def _busy_slowdowns(busy: dict) -> dict:
     return out
 
 
+def _busy_figure(sd: dict, load: str, who: str, index: int = 0) -> float | None:
+    """From `_busy_slowdowns`: the median RTF (index 0), best RTF (1) or slowdown (2) of `who` under `load`."""
+    return sd.get(load, {}).get(who, (None,) * 3)[index]
+
+
 def _weighted_slowdown(busy: dict) -> float | None:
     """Our runs at a larger CPU weight beside `stress-ng --cpu 1` against our unloaded runs."""
-    loads = busy.get("loads", {})
-    weighted, base = _med(loads.get("cpu1", {}).get("weighted") or [], "rtf"), _med(loads.get("none", {}).get("ours") or [], "rtf")
+    weighted = _med(busy.get("loads", {}).get("cpu1", {}).get("weighted") or [], "rtf")
+    base = _busy_figure(_busy_slowdowns(busy), "none", "ours")
     return weighted / base if weighted and base else None
 
 
@@ -896,7 +901,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         if any(v is not None for v in c.values())) + ".\n")
     q, fq = cores["ours"].get("none"), cores["official"].get("none")
     oq = cores["old"].get("none")
-    old_none, new_none = sd.get("none", {}).get("old", (None,) * 3)[0], sd.get("none", {}).get("ours", (None,) * 3)[0]
+    old_none, new_none = _busy_figure(sd, "none", "old"), _busy_figure(sd, "none", "ours")
     if old_none and new_none and old_none > 1.1 * new_none:
         w(f"With `{old_env}` alone the idle llama.cpp threads spin between llama.cpp calls too, on the cores ONNX Runtime "
           f"needs for the code predictor and the codec (the run kept {_f(oq, 2)} cores busy with no load, against "
@@ -915,8 +920,8 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         w(f"- One busy background process: slowdown ≤ {ONE_PROCESS_TARGET}×. Measured: {figs}. "
           + ("**Reached.**" if reached else "**Not reached.**"))
         c1 = cores["ours"].get("cpu1")
-        one_none, one_cpu1 = sd.get("none", {}).get("one", (None,) * 3)[0], sd.get("cpu1", {}).get("one", (None,) * 3)[0]
-        ours_none, ours_cpu1 = sd.get("none", {}).get("ours", (None,) * 3)[0], sd.get("cpu1", {}).get("ours", (None,) * 3)[0]
+        one_none, one_cpu1 = _busy_figure(sd, "none", "one"), _busy_figure(sd, "cpu1", "one")
+        ours_none, ours_cpu1 = _busy_figure(sd, "none", "ours"), _busy_figure(sd, "cpu1", "ours")
         if not reached and q and c1 and busy.get("autogroup") and one_none and ours_none:
             w(f"  What bounds it: the core the load leaves us, and how much a second core speeds our run up. Each "
               "load runs in a session of its own, as a program started elsewhere does, and this kernel shares the "
@@ -945,8 +950,9 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         weighted, cpu1 = _weighted_slowdown(busy), loads.get("cpu1", {})
         if weighted is not None:
             runs = cpu1.get("weighted") or []
-            w(f"  With a larger CPU weight: our engine in a session of its own at autogroup nice "
-              f"{busy.get('weighted_nice')} (CFS weight 3121 against the load's 1024: what an operator gives a service "
+            nice = busy.get("weighted_nice", 0)
+            w(f"  With a larger CPU weight: our engine in a session of its own at autogroup nice {nice} (a CFS "
+              f"weight about {1.25 ** -nice:.1f}× the load's, 1.25× per nice step: what an operator gives a service "
               f"with systemd's `CPUWeight=` or `nice`, docs/deploy.md) took RTF {_med(runs, 'rtf'):.2f} beside "
               f"`stress-ng --cpu 1`, keeping {_f(_cores(runs), 2)} cores busy: {weighted:.2f}× our unloaded RTF, "
               + ("within" if weighted <= ONE_PROCESS_TARGET else "still above") + f" the {ONE_PROCESS_TARGET}× target.")
@@ -954,7 +960,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
             w(f"  With a larger CPU weight: not measured ({cpu1['weighted_error'][:200]}).")
     else:
         w(f"- One busy background process: slowdown ≤ {ONE_PROCESS_TARGET}×. Not measured.")
-    o2, f2 = sd.get("cpu2", {}).get("ours", (None,) * 3)[2], sd.get("cpu2", {}).get("official", (None,) * 3)[2]
+    o2, f2 = _busy_figure(sd, "cpu2", "ours", 2), _busy_figure(sd, "cpu2", "official", 2)
     if o2 is not None and f2 is not None:
         reached = o2 <= f2
         w(f"- Two busy background processes: no worse than the official implementation's slowdown under the same "
@@ -976,8 +982,8 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
     else:
         w("- Two busy background processes: no worse than the official implementation's slowdown under the same "
           f"load. Measured under `stress-ng --cpu 2`: ours {_f(o2, 2)}×, official {_f(f2, 2)}× (incomplete).")
-    old2, new2 = sd.get("cpu2", {}).get("old", (None,) * 3)[0], sd.get("cpu2", {}).get("ours", (None,) * 3)[0]
-    old1, new1 = sd.get("cpu1", {}).get("old", (None,) * 3)[0], sd.get("cpu1", {}).get("ours", (None,) * 3)[0]
+    old2, new2 = _busy_figure(sd, "cpu2", "old"), _busy_figure(sd, "cpu2", "ours")
+    old1, new1 = _busy_figure(sd, "cpu1", "old"), _busy_figure(sd, "cpu1", "ours")
     if (old2 and new2) or (old1 and new1):
         parts = [f"{BUSY_LABELS[k]}: RTF {o:.2f} with spinning waits, {n:.2f} with sleeping ones ({o / n:.1f}×)"
                  for k, o, n in (("cpu1", old1, new1), ("cpu2", old2, new2)) if o and n]

@@ -93,8 +93,8 @@ def test_a_larger_cpu_weight_is_reported_against_the_unloaded_runs():
     busy.update(weighted_reps=2, weighted_nice=-5, autogroup=True)
     busy["loads"]["cpu1"]["weighted"] = [_run(2.4, 0.3, cores=1.4), _run(2.6, 0.3, cores=1.4)]  # 2.5 / 2.1
     text = render_busy(busy)
-    assert ("With a larger CPU weight: our engine in a session of its own at autogroup nice -5 (CFS weight 3121 "
-            "against the load's 1024") in text
+    assert ("With a larger CPU weight: our engine in a session of its own at autogroup nice -5 (a CFS weight "
+            "about 3.1× the load's, 1.25× per nice step") in text
     assert "took RTF 2.50 beside `stress-ng --cpu 1`, keeping 1.40 cores busy: 1.19× our unloaded RTF, within the 1.3× target" in text
 
     busy["loads"]["cpu1"]["weighted"] = []
