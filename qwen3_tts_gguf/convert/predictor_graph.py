@@ -371,8 +371,11 @@ def quantize_code_predictors(graphs: list[onnx.ModelProto], precision: str,
     quantized = quantize_code_predictor(first, precision, block_size)
     if precision == "fp32":
         return [quantized, *rest]
-    done = {source[n.output[0]][0]: (n, n.name.removeprefix(source[n.output[0]][1])) for n in quantized.graph.node
-            if n.op_type == "MatMulNBits" and n.output[0] in source}
+    done = {}  # weight name -> (its MatMulNBits node, the suffix the quantizer added to the MatMul's name)
+    for node in quantized.graph.node:
+        if node.op_type == "MatMulNBits" and node.output[0] in source:
+            weight, name = source[node.output[0]]
+            done[weight] = (node, node.name.removeprefix(name))
     packed = {t.name: t for t in quantized.graph.initializer}
     # what the copies leave unquantized, if anything, the quantizer still takes
     return [quantized, *(quantize_code_predictor(_reuse_quantized(g, done, packed), precision, block_size)
@@ -387,11 +390,9 @@ def _reuse_quantized(model: onnx.ModelProto, done: dict, packed: dict) -> onnx.M
     weights = {t.name: t for t in graph.initializer}
     nodes, used = [], set()
     for node in graph.node:
-        template, suffix = done.get(node.input[1], (None, "")) if node.op_type == "MatMul" and len(node.input) == 2 \
-            else (None, "")
+        template, suffix = done.get(node.input[1], (None, "")) if node.op_type == "MatMul" else (None, "")
         weight = weights.get(node.input[1]) if template is not None else None
-        source = packed.get(template.input[1]) if template is not None else None
-        if weight is None or source is None or tuple(weight.dims) != _matmul_shape(template):
+        if weight is None or tuple(weight.dims) != _matmul_shape(template):
             nodes.append(node)
             continue
         copy = onnx.NodeProto()
