@@ -7,6 +7,7 @@ stress-ng loads, ours and official side by side), merged into the latest saved f
 `python -m bench --only overlap`: only the codec-overlap block (codec inline vs overlapped, every way; the
 `--preset fast` model with the codec on ONNX Runtime and on OpenVINO).
 `python -m bench --only codec`: only the codec-precision block (fp16, int8, the Snake with `Sin`: speed and SNR).
+`python -m bench --only latency`: only the time to first audio of the configurations a user can choose.
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
 """
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
                         "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
                         "min), then the 1.7B model with the default KV cache (unless --shapes 0.6b; its first run "
-                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
+                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time to first audio for the configurations a user can choose, side by side (about 6 min, converting the models it lacks); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -285,7 +286,7 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (3 if plan["memory"] else 0)
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (4 if plan["memory"] else 0)
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -441,6 +442,9 @@ def run(args) -> dict:
             step("codec precisions")
             results["codec"] = _codec(progress, threads, plan["quiet_s"])
             bar.update()
+            step("time to first audio per configuration")
+            results["latency"] = _first_audio(progress, threads, plan["quiet_s"])
+            bar.update()
         # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
         step("machine limits (again)")
         if budget.allows("machine limits, second measurement", 20):
@@ -526,6 +530,18 @@ def _overlap(threads: int, quiet_s: float) -> dict:
     return {**origin, "threads": threads, "frames": OVERLAP_FRAMES, "rounds": OVERLAP_ROUNDS, **res}
 
 
+def _first_audio(progress, threads: int, quiet_s: float) -> dict:
+    """The time-to-first-audio block (bench/first_audio.py): the configurations side by side, 0.6B."""
+    from . import first_audio, machine
+
+    origin = machine.block_origin()
+
+    def model_dir(quant: str, cp: str) -> Path:
+        return _converted_model(threads, progress.bar.write, "0.6b", quant, cp)[1]
+
+    return {**origin, **first_audio.measure(progress, threads, quiet_s, model_dir)}
+
+
 def _codec(progress, threads: int, quiet_s: float) -> dict:
     """The codec-precision block on the headline model's codec (bench/codec_precision.py), in a worker."""
     from . import machine
@@ -541,7 +557,7 @@ MEMORY_FRAMES = 24  # frames per stream of the memory block's eight streams
 OVERLAP_FRAMES, OVERLAP_ROUNDS = MODES["full"]["frames"], 5  # utterances as long as the one-stream table's
 CODEC_ROUNDS = 5
 ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory", "overlap": "## Codec overlap",
-               "codec": "## Codec precision"}
+               "codec": "## Codec precision", "latency": "## Time to first audio per configuration"}
 """--only NAME -> its section of the report"""
 
 
@@ -566,6 +582,8 @@ def run_only(args) -> dict:
             block = _memory(progress, plan["threads"][0], plan["shapes"])
         elif args.only == "codec":
             block = _codec(progress, plan["threads"][0], plan["quiet_s"])
+        elif args.only == "latency":
+            block = _first_audio(progress, plan["threads"][0], plan["quiet_s"])
         else:
             block = _overlap(plan["threads"][0], plan["quiet_s"])
         bar.update()

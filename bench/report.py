@@ -208,6 +208,8 @@ def render(res: dict) -> str:
         w(render_overlap(res["overlap"]))
     if res.get("codec"):
         w(render_codec(res["codec"]))
+    if res.get("latency"):
+        w(render_first_audio(res["latency"]))
 
     # -- machine limits -------------------------------------------------------------------
     L = res.get("machine_limits", {})
@@ -243,6 +245,7 @@ def render(res: dict) -> str:
       "python -m bench --only memory    # ~4 min: RSS per part and at 8 streams, per KV-cache precision; 1.7B\n"
       "python -m bench --only overlap   # ~8 min: the codec inline against overlapped, every way; --preset fast on OpenVINO\n"
       "python -m bench --only codec     # ~3 min: the codec graph in other precisions, speed and SNR\n"
+      "python -m bench --only latency   # ~6 min: time to first audio of the configurations a user can choose\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
       "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
@@ -302,7 +305,7 @@ def render_targets(res: dict) -> str:
             f"thread of its own beside them, on the same {res['plan']['threads'][0]} cores. "
             + (f"At this run's measured bandwidth the talker and code predictor alone cannot take less than "
                f"{floor:.0f} ms per frame (RTF ≥ {floor * FRAME_RATE / 1e3:.2f}), however well the codec overlaps."
-               if floor else ""))
+               if floor else "") + _one_row_rate_bound(res, head0, stages, floor))
     fast = PRESETS["fast"]
     fast_rtf = []
     for shape, (key, _) in heads.items():
@@ -339,8 +342,11 @@ def render_targets(res: dict) -> str:
             f"First audio ({label0}, non-streaming, cold): the first frame needs the whole prompt prefilled "
             f"({_f(cold.get('prefill_rows'), 0)} rows: {_ms(cold.get('prefill_s'))} ms), one code predictor call "
             f"({_ms(cold.get('predictor_s'))} ms) and one codec call ({_ms(cold.get('codec_s'))} ms), one after the "
-            f"other; each is compute-bound on these cores. A cached voice prefix and live text (the voice prefilled "
-            f"while the words are on their way) remove most of the prefill: see *Time to first audio*.")
+            f"other: the prefill's rows share each weight it reads and are bound by the arithmetic, the code "
+            f"predictor's 15 steps read their layers from memory each time, and a one-frame codec call reads every "
+            f"codec weight for a single frame. A cached voice prefix and live text (the voice prefilled "
+            f"while the words are on their way) remove most of the prefill: see *Time to first audio*."
+            + _fastest_cold_words(res.get("latency") or {}))
 
     # eight streams
     aggs = [next((c for c in (h or {}).get("concurrency") or [] if c["streams"] == 8), None) for _, h in heads.values()]
@@ -410,6 +416,7 @@ def render_targets(res: dict) -> str:
                      "(*Memory* says where it goes) |")
 
     extra += _overlap_targets(res.get("overlap") or {})
+    extra += _first_audio_targets(res.get("latency") or {})
 
     out: list[str] = []
     w = out.append
@@ -424,7 +431,8 @@ def render_targets(res: dict) -> str:
     w("")
     if extra:
         blocks = [f"*{name}*" for name, key in (("Busy machine", "busy"), ("Memory", "memory"),
-                                                ("Codec overlap", "overlap")) if res.get(key)]
+                                                ("Codec overlap", "overlap"),
+                                                ("Time to first audio per configuration", "latency")) if res.get(key)]
         w(f"From the blocks below, each with its own date ({', '.join(blocks)}):\n")
         w("| target | goal | measured | verdict |\n|---|---|---|---|")
         out.extend(extra)
@@ -434,6 +442,28 @@ def render_targets(res: dict) -> str:
         out.extend(f"- {b}" for b in bounds)
         w("")
     return "\n".join(out) + "\n"
+
+
+def _one_row_rate_bound(res: dict, head: dict, stages: list[tuple[str, float, float]], floor: float) -> str:
+    """" At the rate one-row matmuls stream their weights here ..." : the one-stream floor again, with the
+    talker and code predictor at the ORT M=1 MatMul chain's rate instead of a plain read's, and the codec at
+    its Conv1d bound, all three on the same cores; "" where the run lacks the figures."""
+    lim, bw = res.get("machine_limits", {}), _limits(res)["bw"]
+    gemv = lim.get("gemv_stream_gbs")
+    codec = next((b for name, _, b in stages if name == "codec"), None)
+    if not (gemv and bw and floor and codec) or gemv >= bw:
+        return ""
+    weights = floor * bw / gemv
+    alone = head.get("isolated") if _ok(head.get("isolated")) else {}
+    rates = [f"{name} {b * bw / alone[STAGE_KEYS[name]]:.0f} GB/s" for name, _, b in stages
+             if name != "codec" and alone.get(STAGE_KEYS[name])]
+    total = weights + codec
+    return (f" One-row matmuls stream their weights slower than a plain read here (ONNX Runtime's M=1 MatMul "
+            f"chain: {gemv:.1f} GB/s at best, {100 * gemv / bw:.0f} % of the read"
+            + (f"; alone, the {' and the '.join(rates)}" if rates else "") + f"): at that rate the talker and "
+            f"code predictor take ≥ {weights:.0f} ms per frame, and with the codec's convolutions at the best Conv1d "
+            f"rate (≥ {codec:.0f} ms) the three stages need ≥ {total:.0f} ms of these cores per {1e3 / FRAME_RATE:.0f} "
+            f"ms frame (RTF ≥ {total * FRAME_RATE / 1e3:.2f}) before any other work.")
 
 
 def _latency_medians(head: dict | None) -> dict[str, dict]:
@@ -711,7 +741,7 @@ def _render_latency(w, head: dict, quant: str, cp: str, threads: str) -> None:
         rs = [r[case] for r in runs if case in r]
         ttfa = _med(rs, "first_audio_s")
         parts = [_med(rs, k) for k in ("prefill_s", "predictor_s", "codec_s")]
-        rest = ttfa - sum(parts) if ttfa is not None and None not in parts else None
+        rest = _rest_s(rs)
         mode, prefix = case.split("/")
         if mode == "live":
             mode, prefix = "streaming, live: words 0.4 s after the stream opened", "cold, prefilled while waiting"
@@ -814,6 +844,14 @@ def _weighted_slowdown(busy: dict) -> float | None:
 def _cores(runs: list) -> float | None:
     """Median cores a run kept busy: its process's CPU seconds / wall seconds."""
     return median([r["cpu_s"] / r["wall_s"] for r in runs if r.get("cpu_s") is not None and r.get("wall_s")])
+
+
+def _rest_s(cases: list[dict]) -> float | None:
+    """Median over runs of what a first audio spent outside its prefill, code predictor and codec calls
+    (prompt build, queueing): per run, so that one slow stage does not move another's share."""
+    rests = [c["first_audio_s"] - c["prefill_s"] - c["predictor_s"] - c["codec_s"] for c in cases
+             if all(c.get(k) is not None for k in ("first_audio_s", "prefill_s", "predictor_s", "codec_s"))]
+    return median(rests) if rests else None
 
 
 def _block_origin(block: dict, name: str, standalone: bool) -> str:
@@ -1251,7 +1289,119 @@ def render_codec(block: dict, standalone: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-ONLY_RENDERERS = {"busy": render_busy, "memory": render_memory, "overlap": render_overlap, "codec": render_codec}
+FIRST_AUDIO_CASES = {"non-streaming/cold": "non-streaming, cold", "non-streaming/cached": "non-streaming, cached",
+                     "streaming/cold": "streaming, cold", "streaming/cached": "streaming, cached",
+                     "live/cold": "live, cold"}
+"""OursSession.LATENCY_CASES' keys -> column headings of the time-to-first-audio block"""
+
+
+def _first_audio_medians(block: dict) -> dict[str, dict[str, dict]]:
+    """{configuration: {case: {measure: median}}} of the time-to-first-audio block."""
+    return {label: _latency_medians({"latency": c.get("runs") or []})
+            for label, c in (block.get("configs") or {}).items()}
+
+
+def render_first_audio(block: dict, standalone: bool = False) -> str:
+    """The "Time to first audio per configuration" section (also spliced alone by `--only latency`)."""
+    out: list[str] = []
+    w = out.append
+    w("## Time to first audio per configuration\n")
+    w(_block_origin(block, "latency", standalone) + f": 0.6B, {block.get('threads', 2)} threads, "
+      f"{block.get('rounds')} rounds with the configurations alternating, each in its own worker. The cases are those "
+      "of the headline's *Time to first audio* table (the same sentences, a new one each run); the configurations "
+      "are those a user can choose with the converter's and the server's options. The first frame waits for the "
+      "prefill, one code predictor call and one codec call, one after the other: the talker's quant decides how fast "
+      "its prompt rows go (llama.cpp repacks q4_k_m and iq4_nl on this CPU, `talker.repack_pays`), the code "
+      "predictor's precision and the codec's runtime the other two.\n")
+    configs = block.get("configs") or {}
+    if not configs:
+        w("**Not measured.**\n")
+        return "\n".join(out) + "\n"
+    meds = _first_audio_medians(block)
+    w("| configuration (model) | " + " | ".join(f"{words}, s" for words in FIRST_AUDIO_CASES.values()) + " | bg |")
+    w("|---|" + "---|" * len(FIRST_AUDIO_CASES) + "---|")
+    for label, c in configs.items():
+        runs = [r["cases"] for r in c.get("runs") or [] if _ok(r)]
+        cells = []
+        for case in FIRST_AUDIO_CASES:
+            rs = [r[case] for r in runs if case in r]
+            cells.append(f"{_f(_med(rs, 'first_audio_s'), 3)} ({_f(_best(rs, 'first_audio_s'), 3)})" if rs else "–")
+        bg = _bg([r[case] for r in runs for case in r])
+        errors = f"; {len(c['errors'])} runs failed: {c['errors'][0]}" if c.get("errors") else ""
+        w(f"| {label} (`{c.get('model')}`{errors}) | " + " | ".join(cells) + f" | {bg} |")
+    w("| target | " + " | ".join(_goal(TTFA_TARGETS[case], 2) if case in TTFA_TARGETS else "report"
+                                  for case in FIRST_AUDIO_CASES) + " | |")
+    w("")
+    w("Median (best) of each configuration's runs. Where the non-streaming cold case's time goes (medians, ms):\n")
+    w("| configuration | prefill rows | prefill | first code predictor call | first codec call (1 frame) | rest |")
+    w("|---|---|---|---|---|---|")
+    for label, m in meds.items():
+        cold = m.get("non-streaming/cold") or {}
+        runs = [r["cases"]["non-streaming/cold"] for r in configs[label].get("runs") or []
+                if _ok(r) and "non-streaming/cold" in r.get("cases", {})]
+        w(f"| {label} | {_f(cold.get('prefill_rows'), 0)} | {_ms(cold.get('prefill_s'))} | "
+          f"{_ms(cold.get('predictor_s'))} | {_ms(cold.get('codec_s'))} | {_ms(_rest_s(runs))} |")
+    w("")
+    lines = [line for line in (_first_audio_target(meds, case, goal) for case, goal in TTFA_TARGETS.items()) if line]
+    if lines:
+        w("Against the targets (the lowest median of the configurations):\n")
+        out.extend(f"- {line[0]}" for line in lines)
+        w("")
+    return "\n".join(out) + "\n"
+
+
+def _first_audio_best(meds: dict[str, dict[str, dict]], case: str) -> tuple[str | None, float | None]:
+    """The configuration with the lowest median first audio in `case`, and that median."""
+    figures = [(m[case]["first_audio_s"], label) for label, m in meds.items()
+               if m.get(case, {}).get("first_audio_s") is not None]
+    if not figures:
+        return None, None
+    value, label = min(figures)
+    return label, value
+
+
+def _first_audio_target(meds: dict, case: str, goal: float) -> tuple[str, str, float, str] | None:
+    """(sentence, the configuration, its median, verdict) of the lowest median of `case` against `goal`."""
+    label, value = _first_audio_best(meds, case)
+    if label is None:
+        return None
+    verdict = _verdict(value, goal)
+    words = FIRST_AUDIO_CASES[case]
+    return (f"{words}: {value:.3f} s with {label} against ≤ {goal:.2f} s: {verdict}"
+            + (f" with that configuration" if value <= goal else ""), label, value, verdict)
+
+
+def _fastest_cold_words(block: dict) -> str:
+    """" The fastest configuration measured, X, ..." for the non-streaming cold bound line; "" without one."""
+    meds = _first_audio_medians(block)
+    label, value = _first_audio_best(meds, "non-streaming/cold")
+    if label is None:
+        return ""
+    cold = meds[label]["non-streaming/cold"]
+    return (f" The configuration with the fastest first audio here, {label}, took {value:.3f} s: prefill "
+            f"{_ms(cold.get('prefill_s'))} ms, code predictor {_ms(cold.get('predictor_s'))} ms, codec "
+            f"{_ms(cold.get('codec_s'))} ms (*Time to first audio per configuration*).")
+
+
+def _first_audio_targets(block: dict) -> list[str]:
+    """Rows of the targets' block table from the time-to-first-audio block: per target, the lowest median
+    of the configurations."""
+    meds = _first_audio_medians(block)
+    rows = []
+    for case, goal in TTFA_TARGETS.items():
+        found = _first_audio_target(meds, case, goal)
+        if found is None:
+            continue
+        _, label, value, verdict = found
+        rows.append(f"| time to first audio, {FIRST_AUDIO_CASES[case]}: the fastest configuration, s | "
+                    f"{_goal(goal, 2)} | {value:.3f} with {label} (0.6B) | {verdict}"
+                    + (" with that configuration" if value <= goal else "")
+                    + " (*Time to first audio per configuration*) |")
+    return rows
+
+
+ONLY_RENDERERS = {"busy": render_busy, "memory": render_memory, "overlap": render_overlap, "codec": render_codec,
+                  "latency": render_first_audio}
 """`--only NAME` -> the renderer of its section"""
 
 

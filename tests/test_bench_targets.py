@@ -77,6 +77,18 @@ def test_the_bounds_are_computed_from_the_run():
     assert "no VNNI" not in render_targets(vnni)
 
 
+def test_the_one_stream_floor_is_given_again_at_the_one_row_matmul_rate():
+    res = _results()
+    assert "One-row matmuls" not in render_targets(res)  # no MatMul-chain probe in the run
+    res["machine_limits"]["gemv_stream_gbs"] = 10.0  # half the plain read's 20 GB/s
+    text = render_targets(res)
+    # 92 ms at 20 GB/s -> 184 ms at 10; codec 4.95 GFLOP / 100 GFLOP/s = 49.5 ms; 233.5 ms per 80 ms frame
+    assert ("(ONNX Runtime's M=1 MatMul chain: 10.0 GB/s at best, 50 % of the read; alone, the talker 12 GB/s and the "
+            "code predictor 14 GB/s): at that rate the talker and code predictor take ≥ 184 ms per frame, and with the "
+            "codec's convolutions at the best Conv1d rate (≥ 50 ms) the three stages need ≥ 234 ms of these cores per "
+            "80 ms frame (RTF ≥ 2.92)") in text
+
+
 def test_goals_reached_have_no_bound_line_and_a_fast_machine_plays_without_stalls():
     fast = _shape(rtf=0.8, playback_rtf=0.8, stalls=0, agg8=0.5, cold=0.2)
     fast["ours"]["q8_0+int8/t2"]["single"] = _single(0.8, talker=20.0, predictor=60.0, codec=40.0)
