@@ -314,6 +314,10 @@ def render_targets(res: dict) -> str:
     add(f"one stream, `--preset fast` ({_preset_words('fast')}; agreement in "
         "*Agreement of the quantized paths*): RTF", _goal(FAST_RTF_TARGET), fast_rtf, 2,
         _verdict(fast_rtf[0], FAST_RTF_TARGET))
+    if fast_rtf[0] is not None and fast_rtf[0] > FAST_RTF_TARGET and key0:
+        line = _fast_bound(res, first, f"{fast.quant}+{fast.cp_precision}/t{_split(key0)[2]}", stages)
+        if line:
+            bounds.append(line)
 
     # playback without a stall
     pbs = [h.get("playback") if h and _ok(h.get("playback")) else None for _, h in heads.values()]
@@ -336,6 +340,7 @@ def render_targets(res: dict) -> str:
         add(f"time to first audio, {mode} text, {prefix}" + (" (words 0.4 s after the stream opened)" if mode == "live"
                                                               else "") + ", s",
             _goal(goal, 2), figures, 3, _verdict(figures[0], goal))
+    streaming = _streaming_bound(latency[0], res.get("latency") or {})
     cold = latency[0].get("non-streaming/cold")
     if cold and cold.get("first_audio_s", 0) > TTFA_TARGETS["non-streaming/cold"]:
         bounds.append(
@@ -347,6 +352,8 @@ def render_targets(res: dict) -> str:
             f"codec weight for a single frame. A cached voice prefix and live text (the voice prefilled "
             f"while the words are on their way) remove most of the prefill: see *Time to first audio*."
             + _fastest_cold_words(res.get("latency") or {}))
+    if streaming:
+        bounds.append(streaming.replace("(0.6B)", f"({label0})", 1))
 
     # eight streams
     aggs = [next((c for c in (h or {}).get("concurrency") or [] if c["streams"] == 8), None) for _, h in heads.values()]
@@ -464,6 +471,64 @@ def _one_row_rate_bound(res: dict, head: dict, stages: list[tuple[str, float, fl
             f"code predictor take ≥ {weights:.0f} ms per frame, and with the codec's convolutions at the best Conv1d "
             f"rate (≥ {codec:.0f} ms) the three stages need ≥ {total:.0f} ms of these cores per {1e3 / FRAME_RATE:.0f} "
             f"ms frame (RTF ≥ {total * FRAME_RATE / 1e3:.2f}) before any other work.")
+
+
+def _fast_bound(res: dict, shape: str, key: str, stages: list[tuple[str, float, float]]) -> str | None:
+    """What bounds `--preset fast`'s one stream: its stages in the engine, its weights at the one-row MatMul rate
+    and the codec at its Conv1d bound; and the preset with OpenVINO's codec (*Codec overlap*). None without
+    the run or its costs."""
+    entry = res["shapes"][shape]
+    run = entry.get("ours", {}).get(key)
+    fast = PRESETS["fast"]
+    costs = entry.get("costs", {})
+    weights = (costs.get("talker_by_quant", {}).get(fast.quant, {}).get("bytes_per_step", 0)
+               + (costs.get("predictors") or {}).get(fast.cp_precision, {}).get("bytes_per_frame", 0))
+    lim = res.get("machine_limits", {})
+    rate = lim.get("gemv_stream_gbs") or _limits(res)["bw"]
+    codec = next((b for name, _, b in stages if name == "codec"), None)
+    if not (_ok(run) and run.get("single") and weights and rate and codec):
+        return None
+    t, c, k = (_med(run["single"], x) for x in ("talker_step_ms", "predictor_ms", "codec_ms_per_frame"))
+    stream = 1e3 * weights / (rate * 1e9)
+    total = stream + codec
+    openvino = _overlap_medians((res.get("overlap") or {}).get("fast") or {}, OVERLAP_RUNTIMES[1])[0]
+    label = {"0.6b": "0.6B", "1.7b": "1.7B"}.get(shape, shape)
+    return (f"`--preset fast` ({label}): in the engine its talker "
+            f"step took {_f(t)} ms, its code predictor call {_f(c)} ms and its codec {_f(k)} ms per frame. Its "
+            f"weights ({weights / 1e9:.3f} GB per frame) take ≥ {stream:.0f} ms at the one-row MatMul rate "
+            f"({rate:.1f} GB/s) and the codec's convolutions ≥ {codec:.0f} ms: RTF ≥ {total * FRAME_RATE / 1e3:.2f} "
+            f"on these cores. The codec is the largest part and the furthest from its bound (ONNX Runtime's "
+            f"elementwise Snakes and its calls' weight reads come on top of the convolutions)"
+            + (f"; on OpenVINO (`--codec-runtime openvino`, *Codec overlap*) the preset ran at RTF {openvino:.2f}"
+               if openvino else "") + ".")
+
+
+def _streaming_bound(head_latency: dict[str, dict], block: dict) -> str | None:
+    """What bounds first audio with streaming text when its goals are not reached: the code predictor and
+    one-frame codec calls that follow even a one-row prefill; and the fastest configuration measured."""
+    cached, cold = head_latency.get("streaming/cached") or {}, head_latency.get("streaming/cold") or {}
+    if not cached.get("first_audio_s") or (cached["first_audio_s"] <= TTFA_TARGETS["streaming/cached"] and
+                                           (cold.get("first_audio_s") or 0) <= TTFA_TARGETS["streaming/cold"]):
+        return None
+    if None in (cached.get("predictor_s"), cached.get("codec_s")):
+        return None
+    after = cached["predictor_s"] + cached["codec_s"]
+    rows = round(cached.get("prefill_rows") or 0)
+    line = (f"First audio with streaming text (0.6B): after even a prefill of {rows} row{'s' * (rows != 1)} "
+            f"({_ms(cached.get('prefill_s'))} ms, the voice's prefix cached) the first frame needs the code predictor call ({_ms(cached['predictor_s'])} "
+            f"ms) and a one-frame codec call ({_ms(cached['codec_s'])} ms): {1e3 * after:.0f} ms"
+            + (f", above the {1e3 * TTFA_TARGETS['streaming/cached']:.0f} ms goal on their own"
+               if after > TTFA_TARGETS["streaming/cached"] else "")
+            + (f"; cold, the prompt's {_f(cold.get('prefill_rows'), 0)} rows add a {_ms(cold.get('prefill_s'))} ms "
+               "prefill" if cold.get("prefill_s") is not None else "") + ".")
+    meds = _first_audio_medians(block)
+    label, value = _first_audio_best(meds, "streaming/cached")
+    if label:
+        best = meds[label]["streaming/cached"]
+        line += (f" The fastest configuration measured, {label}, took {_ms(best.get('predictor_s'))} + "
+                 f"{_ms(best.get('codec_s'))} ms for those two calls ({value:.3f} s in all; *Time to first audio per "
+                 "configuration*).")
+    return line
 
 
 def _latency_medians(head: dict | None) -> dict[str, dict]:

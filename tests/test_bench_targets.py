@@ -89,6 +89,25 @@ def test_the_one_stream_floor_is_given_again_at_the_one_row_matmul_rate():
             "80 ms frame (RTF ≥ 2.92)") in text
 
 
+def test_the_fast_preset_and_streaming_first_audio_get_their_bound_lines():
+    res = _results(**{"0.6b": _shape(fast_rtf=1.4)})
+    res["shapes"]["0.6b"]["costs"]["talker_by_quant"]["q4_k_m"] = {"bytes_per_step": 0.266e9}
+    res["shapes"]["0.6b"]["costs"]["predictors"]["int4"] = {"bytes_per_frame": 0.654e9}
+    res["machine_limits"]["gemv_stream_gbs"] = 10.0
+    res["overlap"] = {"fast": {"runs": {"codec overlapped, on OpenVINO (`--codec-runtime openvino`)": [{"rtf": 1.1}]}}}
+    bounds = render_targets(res).split("What bounds")[1]
+    # 0.92 GB at 10 GB/s = 92 ms, codec 49.5 ms: 141.5 ms per 80 ms frame
+    assert ("`--preset fast` (0.6B): in the engine its talker step took 60 ms, its code predictor call 140 ms and its "
+            "codec 110 ms per frame. Its weights (0.920 GB per frame) take ≥ 92 ms at the one-row MatMul rate (10.0 "
+            "GB/s) and the codec's convolutions ≥ 50 ms: RTF ≥ 1.77 on these cores.") in bounds
+    assert "on OpenVINO (`--codec-runtime openvino`, *Codec overlap*) the preset ran at RTF 1.10." in bounds
+    # streaming: cached 0.09 s reaches its goal, cold 0.38 s does not; the two calls after the prefill: 230 ms
+    assert ("First audio with streaming text (0.6B): after even a prefill of 3 rows (350 ms, the voice's prefix cached) "
+            "the first frame needs the code predictor call (140 ms) and a one-frame codec call (90 ms): 230 ms, above "
+            "the 100 ms goal on their own; cold, the prompt's 12 rows add a 350 ms prefill.") in bounds
+    assert "`--preset fast` (0.6B)" not in render_targets(_results(**{"0.6b": _shape(fast_rtf=0.9)}))
+
+
 def test_goals_reached_have_no_bound_line_and_a_fast_machine_plays_without_stalls():
     fast = _shape(rtf=0.8, playback_rtf=0.8, stalls=0, agg8=0.5, cold=0.2)
     fast["ours"]["q8_0+int8/t2"]["single"] = _single(0.8, talker=20.0, predictor=60.0, codec=40.0)
