@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
                         "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
                         "min), then the 1.7B model with the default KV cache (unless --shapes 0.6b; its first run "
-                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time to first audio for the configurations a user can choose, side by side (about 6 min, converting the models it lacks); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
+                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time to first audio for the configurations a user can choose, side by side (about 2 min, and about 2 min for each model it has to convert); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 

@@ -245,7 +245,7 @@ def render(res: dict) -> str:
       "python -m bench --only memory    # ~4 min: RSS per part and at 8 streams, per KV-cache precision; 1.7B\n"
       "python -m bench --only overlap   # ~8 min: the codec inline against overlapped, every way; --preset fast on OpenVINO\n"
       "python -m bench --only codec     # ~3 min: the codec graph in other precisions, speed and SNR\n"
-      "python -m bench --only latency   # ~6 min: time to first audio of the configurations a user can choose\n"
+      "python -m bench --only latency   # ~2 min: time to first audio of the configurations a user can choose\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
       "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
