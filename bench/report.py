@@ -340,7 +340,7 @@ def render_targets(res: dict) -> str:
         add(f"time to first audio, {mode} text, {prefix}" + (" (words 0.4 s after the stream opened)" if mode == "live"
                                                               else "") + ", s",
             _goal(goal, 2), figures, 3, _verdict(figures[0], goal))
-    streaming = _streaming_bound(latency[0], res.get("latency") or {})
+    streaming = _streaming_bound(label0, latency[0], res.get("latency") or {})
     cold = latency[0].get("non-streaming/cold")
     if cold and cold.get("first_audio_s", 0) > TTFA_TARGETS["non-streaming/cold"]:
         bounds.append(
@@ -353,7 +353,7 @@ def render_targets(res: dict) -> str:
             f"while the words are on their way) remove most of the prefill: see *Time to first audio*."
             + _fastest_cold_words(res.get("latency") or {}))
     if streaming:
-        bounds.append(streaming.replace("(0.6B)", f"({label0})", 1))
+        bounds.append(streaming)
 
     # eight streams
     aggs = [next((c for c in (h or {}).get("concurrency") or [] if c["streams"] == 8), None) for _, h in heads.values()]
@@ -451,16 +451,25 @@ def render_targets(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _one_row_floor(res: dict, weight_bytes: float, stages: list[tuple[str, float, float]]) -> tuple[float, float] | None:
+    """(ms per frame to stream `weight_bytes` at the ORT M=1 MatMul chain's rate, the codec's convolution bound in
+    ms) of this run; None where it lacks either."""
+    gemv = res.get("machine_limits", {}).get("gemv_stream_gbs")
+    codec = next((b for name, _, b in stages if name == "codec"), None)
+    if not (gemv and weight_bytes and codec):
+        return None
+    return 1e3 * weight_bytes / (gemv * 1e9), codec
+
+
 def _one_row_rate_bound(res: dict, head: dict, stages: list[tuple[str, float, float]], floor: float) -> str:
     """" At the rate one-row matmuls stream their weights here ..." : the one-stream floor again, with the
     talker and code predictor at the ORT M=1 MatMul chain's rate instead of a plain read's, and the codec at
     its Conv1d bound, all three on the same cores; "" where the run lacks the figures."""
-    lim, bw = res.get("machine_limits", {}), _limits(res)["bw"]
-    gemv = lim.get("gemv_stream_gbs")
-    codec = next((b for name, _, b in stages if name == "codec"), None)
-    if not (gemv and bw and floor and codec) or gemv >= bw:
+    bw, gemv = _limits(res)["bw"], res.get("machine_limits", {}).get("gemv_stream_gbs")
+    found = _one_row_floor(res, floor * bw * 1e6, stages) if bw and floor else None
+    if found is None or gemv >= bw:
         return ""
-    weights = floor * bw / gemv
+    weights, codec = found
     alone = head.get("isolated") if _ok(head.get("isolated")) else {}
     rates = [f"{name} {b * bw / alone[STAGE_KEYS[name]]:.0f} GB/s" for name, _, b in stages
              if name != "codec" and alone.get(STAGE_KEYS[name])]
@@ -483,13 +492,12 @@ def _fast_bound(res: dict, shape: str, key: str, stages: list[tuple[str, float, 
     costs = entry.get("costs", {})
     weights = (costs.get("talker_by_quant", {}).get(fast.quant, {}).get("bytes_per_step", 0)
                + (costs.get("predictors") or {}).get(fast.cp_precision, {}).get("bytes_per_frame", 0))
-    lim = res.get("machine_limits", {})
-    rate = lim.get("gemv_stream_gbs") or _limits(res)["bw"]
-    codec = next((b for name, _, b in stages if name == "codec"), None)
-    if not (_ok(run) and run.get("single") and weights and rate and codec):
+    found = _one_row_floor(res, weights, stages)
+    if not (_ok(run) and run.get("single") and found):
         return None
+    stream, codec = found
+    rate = res["machine_limits"]["gemv_stream_gbs"]
     t, c, k = (_med(run["single"], x) for x in ("talker_step_ms", "predictor_ms", "codec_ms_per_frame"))
-    stream = 1e3 * weights / (rate * 1e9)
     total = stream + codec
     openvino = _overlap_medians((res.get("overlap") or {}).get("fast") or {}, OVERLAP_RUNTIMES[1])[0]
     label = {"0.6b": "0.6B", "1.7b": "1.7B"}.get(shape, shape)
@@ -503,7 +511,7 @@ def _fast_bound(res: dict, shape: str, key: str, stages: list[tuple[str, float, 
                if openvino else "") + ".")
 
 
-def _streaming_bound(head_latency: dict[str, dict], block: dict) -> str | None:
+def _streaming_bound(label: str, head_latency: dict[str, dict], block: dict) -> str | None:
     """What bounds first audio with streaming text when its goals are not reached: the code predictor and
     one-frame codec calls that follow even a one-row prefill; and the fastest configuration measured."""
     cached, cold = head_latency.get("streaming/cached") or {}, head_latency.get("streaming/cold") or {}
@@ -514,7 +522,7 @@ def _streaming_bound(head_latency: dict[str, dict], block: dict) -> str | None:
         return None
     after = cached["predictor_s"] + cached["codec_s"]
     rows = round(cached.get("prefill_rows") or 0)
-    line = (f"First audio with streaming text (0.6B): after even a prefill of {rows} row{'s' * (rows != 1)} "
+    line = (f"First audio with streaming text ({label}): after even a prefill of {rows} row{'s' * (rows != 1)} "
             f"({_ms(cached.get('prefill_s'))} ms, the voice's prefix cached) the first frame needs the code predictor call ({_ms(cached['predictor_s'])} "
             f"ms) and a one-frame codec call ({_ms(cached['codec_s'])} ms): {1e3 * after:.0f} ms"
             + (f", above the {1e3 * TTFA_TARGETS['streaming/cached']:.0f} ms goal on their own"
@@ -522,10 +530,10 @@ def _streaming_bound(head_latency: dict[str, dict], block: dict) -> str | None:
             + (f"; cold, the prompt's {_f(cold.get('prefill_rows'), 0)} rows add a {_ms(cold.get('prefill_s'))} ms "
                "prefill" if cold.get("prefill_s") is not None else "") + ".")
     meds = _first_audio_medians(block)
-    label, value = _first_audio_best(meds, "streaming/cached")
-    if label:
-        best = meds[label]["streaming/cached"]
-        line += (f" The fastest configuration measured, {label}, took {_ms(best.get('predictor_s'))} + "
+    fastest, value = _first_audio_best(meds, "streaming/cached")
+    if fastest:
+        best = meds[fastest]["streaming/cached"]
+        line += (f" The fastest configuration measured, {fastest}, took {_ms(best.get('predictor_s'))} + "
                  f"{_ms(best.get('codec_s'))} ms for those two calls ({value:.3f} s in all; *Time to first audio per "
                  "configuration*).")
     return line
@@ -1430,10 +1438,8 @@ def _first_audio_target(meds: dict, case: str, goal: float) -> tuple[str, str, f
     label, value = _first_audio_best(meds, case)
     if label is None:
         return None
-    verdict = _verdict(value, goal)
-    words = FIRST_AUDIO_CASES[case]
-    return (f"{words}: {value:.3f} s with {label} against ≤ {goal:.2f} s: {verdict}"
-            + (f" with that configuration" if value <= goal else ""), label, value, verdict)
+    verdict = _verdict(value, goal) + (" with that configuration" if value <= goal else "")
+    return f"{FIRST_AUDIO_CASES[case]}: {value:.3f} s with {label} against ≤ {goal:.2f} s: {verdict}", label, value, verdict
 
 
 def _fastest_cold_words(block: dict) -> str:
@@ -1459,9 +1465,8 @@ def _first_audio_targets(block: dict) -> list[str]:
             continue
         _, label, value, verdict = found
         rows.append(f"| time to first audio, {FIRST_AUDIO_CASES[case]}: the fastest configuration, s | "
-                    f"{_goal(goal, 2)} | {value:.3f} with {label} (0.6B) | {verdict}"
-                    + (" with that configuration" if value <= goal else "")
-                    + " (*Time to first audio per configuration*) |")
+                    f"{_goal(goal, 2)} | {value:.3f} with {label} (0.6B) | {verdict} (*Time to first audio per "
+                    "configuration*) |")
     return rows
 
 
