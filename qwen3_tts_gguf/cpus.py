@@ -124,7 +124,13 @@ def stage_threads(threads: int | None = 0, *, codec_overlap: bool = False, codec
     (`--codec-threads 1`), for servers that want throughput more than first audio.
     The code predictor keeps every core: on one thread, leaving the other to the codec, `--preset fast`'s
     int4 graph (which two threads speed up least: one frame alone 41.5 -> 38.7 ms) ran no faster in the
-    engine (2026-12-02 11:28, 6 alternating rounds: RTF 1.32 / 1.32, code predictor 53 / 53 ms per frame)."""
+    engine (2026-12-02 11:28, 6 alternating rounds: RTF 1.32 / 1.32, code predictor 53 / 53 ms per frame).
+    Nor does the default int8 graph, alone or in a strict partition (talker step, code predictor and a
+    one-thread codec each on a core of its own, one lane): 0.6B, 32 frames, 7 alternating rounds
+    (2026-12-03): one stream's RTF 1.77 (every core) / 1.84 (code predictor on one thread) / 1.73 (that and
+    `--codec-threads 1`), eight streams 1.01 / 1.20 / 1.01, first audio 0.41 / 0.40 / 0.44 s; in an earlier
+    run of 5 rounds, the strict partition 1.71 against 1.72. On one thread the codec takes 83-91 ms a frame,
+    more than a frame lasts, and the code predictor 68-71 ms, as on two: neither side gains."""
     n = default_threads(threads)
     if not codec_overlap or n < 2:
         return StageThreads(n, n, n, codec_threads or n, 1)

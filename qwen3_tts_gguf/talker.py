@@ -26,13 +26,20 @@ log = logging.getLogger("qwen3_tts_gguf.talker")
 _LOG_CALLBACK = None  # llama.cpp keeps a raw pointer: the ctypes callback must stay alive
 
 # Talker quants whose repacked CPU kernels are faster (0.6B, 2 AVX-512 cores, ms per decode:
-# q4_k_m one row 13.4 -> 11.3, 4 streams 43.5 -> 33.9, 8 streams 67.8 -> 58.4; q8_0 has no gain
-# and its 24-row prefill slows 156 -> 185). iq4_nl (2026-12-02, 5 alternating rounds): one row
-# 21.4 -> 13.2, 8 streams 93.2 -> 58.4, 24-row prefill 199 -> 119; repacked, its prefill and batched
+# q4_k_m one row 13.4 -> 11.3, 4 streams 43.5 -> 33.9, 8 streams 67.8 -> 58.4; q8_0 none: this llama.cpp
+# repacks q8_0 only on ARM and RISC-V). iq4_nl (2026-12-02, 5 alternating rounds): one row 21.4 -> 13.2,
+# 8 streams 93.2 -> 58.4, 24-row prefill 199 -> 119; repacked, its prefill and batched
 # steps are the fastest of the 4-bit formats (q4_k_m repacked: 14.2, 79.1, 166); in a portable AVX2
 # build both decode alike (13.6 / 13.6, 73.8 / 76.5, 164 / 164). Unrepacked (a CPU with AMX) it is the
 # slowest of them.
 REPACK_QUANTS = ("q4_k_m", "iq4_nl")
+# The default q8_0 is bound by instructions, not by memory, on x86: its kernels (256-bit VNNI after a
+# sign trick, a scale per 32 weights) take a one-row step 21-26 ms (its weights at about 20 GB/s) and
+# rows of one decode barely share work (0.6B, 2 threads, alone: 1 / 8 / 25 rows 21 / 83 / 222 ms). bf16
+# (the published checkpoints' own weights; AVX-512 BF16 kernels) shares them better (32 / 67 / 133 ms) but
+# reads twice the bytes per step: side by side in the engine (`bench.experiments talker-quants`,
+# 2026-12-03 06:25) prefill 220 -> 183 ms, step 36 -> 47 ms, one stream's RTF 1.72 -> 1.89, eight
+# streams 1.18 -> 1.10, peak 1934 -> 2352 MiB, logits 0.3 % from f16's (q8_0 1.8 %): no preset takes it.
 
 
 def cpu_has_amx() -> bool | None:
