@@ -112,7 +112,11 @@ CMAKE_ARGS="$cmake_args" FORCE_CMAKE=1 "$py" -m pip wheel -q --no-cache-dir --no
   --no-binary llama-cpp-python -w "$out.partial" "llama-cpp-python==$version"
 elapsed=$(( $(date +%s) - started ))
 built="$(ls "$out.partial"/llama_cpp_python-*.whl | head -1)"
-if [ "$backend" != cpu ] && ! "$py" -m zipfile -l "$built" | grep -q "libggml-$backend\.so"; then
+# the backend's library among the wheel's files (read in Python: `zipfile -l | grep -q` fails under
+# pipefail whenever grep's early exit breaks the listing's pipe, a wheel with the library included)
+if [ "$backend" != cpu ] && ! "$py" -c 'import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+sys.exit(not any(n.rsplit("/", 1)[-1].startswith(sys.argv[2]) for n in names))' "$built" "libggml-$backend.so"; then
   say "the built wheel has no $backend backend (libggml-$backend.so): see the CMake output above"; exit 1
 fi
 printf '%s\nbuilt in %s s on %s cores, %s\n' "$settings" "$elapsed" "$(nproc)" "$(date -u +%Y-%m-%d)" > "$out.partial/BUILD"
