@@ -30,6 +30,7 @@ from .state import AppState
 from .voice_jobs import VoiceJobs
 from .voices import NoVoiceProfiles, VoiceProfiles
 from .warm_up import warm_up
+from .wyoming import WyomingServer
 
 # Feature routers, in order.
 ROUTERS: tuple[APIRouter, ...] = (speech.router, websocket.router, catalog.router, voice_profiles_module.router,
@@ -45,7 +46,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
     The registry's models stay loaded after the app stops (`registry.close()` frees them).
     The web console (`config.webui_dir`) is mounted at `/` last, so API routes always win.
     `app.state.client_limiter` caps each client's speech streams (`clients.py`);
-    `app.state.voice_jobs` runs voice cloning and design (`voice_jobs.py`; made by the lifespan).
+    `app.state.voice_jobs` runs voice cloning and design (`voice_jobs.py`; made by the lifespan);
+    `app.state.wyoming` is the Wyoming listener when `config.wyoming_port` asks for one (`wyoming.py`).
     """
     if voice_profiles is None:  # profiles live in config.voices_dir (none when it is not set)
         voice_profiles = (voice_profiles_module.StoredVoiceProfiles(VoiceStore(config.voices_dir))
@@ -60,11 +62,17 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
                                                 thread_name_prefix="qtts-encode")
         app.state.voice_jobs = voice_jobs = VoiceJobs(limits.voice_workers, limits.voice_queue)
         registry.start()
+        wyoming = None
         try:
             if config.warm_up_voices:
                 await warm_up(state, config.warm_up_voices)
+            if config.wyoming_port is not None:
+                app.state.wyoming = wyoming = WyomingServer(state, app.state)
+                await wyoming.start(config.wyoming_host or config.host, config.wyoming_port)
             yield
         finally:
+            if wyoming is not None:
+                await wyoming.close()
             registry.stop()  # first: a running voice design ends with its engine
             voice_jobs.close()
             state.encoder_pool.shutdown(wait=True)

@@ -16,12 +16,14 @@ from typing import get_args
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
+from wyoming import __version__ as wyoming_version_string
 
 from . import realtime, websocket
 from .errors import error_responses
 from .limits import ServerLimits
 from .schemas import MAX_INPUT_CHARS, ResponseFormat
 from .state import get_state
+from .wyoming import WyomingServer
 
 router = APIRouter(tags=["models"])
 
@@ -36,8 +38,9 @@ class Protocol(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="openai-speech, qtts or openai-realtime", examples=["qtts"])
-    path: str = Field(description="the route (HTTP POST or WebSocket)", examples=["/v1/ws"])
+    name: str = Field(description="openai-speech, qtts, openai-realtime or wyoming", examples=["qtts"])
+    path: str = Field(description="the route (HTTP POST or WebSocket), or wyoming's tcp://host:port",
+                      examples=["/v1/ws"])
     subprotocol: str | None = Field(description="the WebSocket subprotocol to offer; null: none (or HTTP)")
     version: str = Field(description="the protocol's version as this server speaks it")
     features: list[str] = Field(description="optional parts this server implements")
@@ -98,6 +101,12 @@ PROTOCOLS: tuple[Protocol, ...] = (
 )
 
 
+def wyoming_protocol(server: WyomingServer, host: str) -> Protocol:
+    """Wyoming's entry: its own TCP port (`api/wyoming.py`)."""
+    return Protocol(name="wyoming", path=f"tcp://{host}:{server.port}", subprotocol=None,
+                    version=wyoming_version_string, features=["synthesize", "synthesize_streaming"])
+
+
 def normalization_languages() -> list[str]:
     """`qwen3_tts_gguf.text_normalization.LANGUAGES` (read per request), else the fallback."""
     try:
@@ -127,8 +136,10 @@ async def capabilities(request: Request) -> Capabilities:
     """Protocols, formats, limits, text normalization and models: what a client may use here."""
     state = get_state(request)
     registry = state.registry
+    wyoming = getattr(request.app.state, "wyoming", None)
     return Capabilities(
-        protocols=list(PROTOCOLS),
+        protocols=list(PROTOCOLS) + ([wyoming_protocol(wyoming, state.config.wyoming_host or state.config.host)]
+                                     if wyoming is not None else []),
         formats=list(get_args(ResponseFormat)),
         limits=client_limits(state.config.limits, registry.default.model.settings.max_buffered_audio_s),
         normalization=Normalization(languages=normalization_languages()),

@@ -43,6 +43,10 @@ class ServerConfig:
     """"text", or "json": one object per log line and an access record per request (`api/logs.py`)."""
     usage_log: Path | None = None
     """A file that gets one JSON line per finished stream, every route (`api/usage.py`); None = none."""
+    wyoming_port: int | None = None
+    """A TCP port for Wyoming, Home Assistant's voice protocol (`api/wyoming.py`); None = none, 0 = any free one."""
+    wyoming_host: str | None = None
+    """Where the Wyoming port listens; None = `host`."""
     warm_up_voices: tuple[str, ...] = ()
     """Voices that speak a short text before the port opens (`api/warm_up.py`); `serve` defaults to
     alloy, an app made in code to none (its engines may be test doubles)."""
@@ -51,7 +55,8 @@ class ServerConfig:
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
         """From the `serve` arguments (a flag left out keeps its default); QTTS_API_KEY stands in for a
         missing --api-key."""
-        given = {name: getattr(args, name) for name in ("drain_timeout_s", "log_format", "usage_log")
+        given = {name: getattr(args, name) for name in ("drain_timeout_s", "log_format", "usage_log", "wyoming_port",
+                                                        "wyoming_host")
                  if getattr(args, name, None) is not None}
         warm_up_voices = getattr(args, "warm_up_voices", None)
         return cls(

@@ -60,6 +60,7 @@ from fastapi import APIRouter, WebSocket
 from qwen3_tts_gguf.request import AudioChunk
 
 from . import realtime_events as rt
+from .clients import client_of
 from .errors import APIError, invalid_request
 from .registry import ModelRegistry, ServedModel
 from .sockets import CLOSE_POLICY_VIOLATION, KEY_SUBPROTOCOL_PREFIX, SocketConnection, serve_socket
@@ -297,8 +298,9 @@ class Connection(SocketConnection):
                                   "or give response.input.", param="response.input", code="empty_input")
         rt.check_text_length(text, "response.input")
         plan = self.plan(settings.config, text, "response")
-        utterance = await open_utterance(self.ws, self.state, plan, settings.config.format, settings.config.speed,
-                                         live=False, progress=bool(settings.config.extensions.get("progress")))
+        utterance = await open_utterance(client_of(self.ws), self.state, plan, settings.config.format,
+                                         settings.config.speed, live=False,
+                                         progress=bool(settings.config.extensions.get("progress")))
         if settings.conversation and settings.input is None:
             self.pending.clear()  # spoken (whatever becomes of the response)
         await self._begin(Response(rt.new_id("resp"), rt.new_id("item"), utterance, settings.config,
@@ -336,8 +338,9 @@ class Connection(SocketConnection):
                 raise invalid_request(f"A live response takes at most {limit} characters of text.", param="delta",
                                       code="string_above_max_length")
             plan = self.plan(self.config, _LIVE_PLACEHOLDER, "session")
-            utterance = await open_utterance(self.ws, self.state, plan, self.config.format, self.config.speed,
-                                             live=True, progress=bool(self.config.extensions.get("progress")))
+            utterance = await open_utterance(client_of(self.ws), self.state, plan, self.config.format,
+                                             self.config.speed, live=True,
+                                             progress=bool(self.config.extensions.get("progress")))
             response = Response(rt.new_id("resp"), rt.new_id("item"), utterance, self.config, True, None)
             await self._begin(response)
         elif not response.utterance.live:

@@ -131,9 +131,8 @@ class SocketCounts:
             del self.by_client[client]
 
 
-def socket_counts(websocket: WebSocket) -> SocketCounts:
-    """The app's SocketCounts, shared by every protocol (made on first use)."""
-    app_state = websocket.app.state
+def socket_counts(app_state: Any) -> SocketCounts:
+    """The app's SocketCounts (`app.state`), shared by every socket protocol (made on first use)."""
     counts = getattr(app_state, "qtts_sockets", None)
     if counts is None:
         counts = app_state.qtts_sockets = SocketCounts()
@@ -321,7 +320,7 @@ async def serve_socket(websocket: WebSocket, connect: Callable[[WebSocket, AppSt
                      "draining")
         return
     client = client_address(websocket.scope, parse_networks(limits.trusted_proxies))
-    counts = socket_counts(websocket)
+    counts = socket_counts(websocket.app.state)
     problem = counts.admit(client, limits)
     if problem is not None:
         await refuse(websocket, refusal_event(problem), CLOSE_TRY_AGAIN_LATER, limits.send_timeout_s,

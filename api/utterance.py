@@ -28,14 +28,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fastapi import WebSocket
-
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
 from qwen3_tts_gguf.request import AudioChunk
 from qwen3_tts_gguf.scheduler import Stream
 
 from . import logs
-from .clients import client_of
+from .clients import Client
 from .errors import APIError, invalid_request, synthesis_failed
 from .limits import ServerLimits
 from .progress import chunk_progress, final_progress
@@ -177,15 +175,15 @@ class Ending:
     error: APIError | None = None
 
 
-async def open_utterance(websocket: WebSocket, state: AppState, plan: SpeechPlan, response_format: str,
+async def open_utterance(client: Client | None, state: AppState, plan: SpeechPlan, response_format: str,
                          speed: float, *, live: bool, progress: bool = False) -> Utterance:
     """Start `plan` on its engine (`live`: text comes later by `push`) with an encoder for
-    `response_format`; the socket's client holds one of its speech places until the stream ends.
-    `progress`: the protocol sends text-progress events."""
+    `response_format`; the socket's `client` (`clients.client_of`) holds one of its speech places until
+    the stream ends. `progress`: the protocol sends text-progress events."""
     encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed)
     live_request = replace(plan.request, text="", text_mode="streaming") if live else None
     try:
-        stream = await start_stream(plan, live_request, client=client_of(websocket))
+        stream = await start_stream(plan, live_request, client=client)
     except BaseException:
         encoder.close()
         raise
@@ -288,7 +286,8 @@ async def settle(utterance: Utterance | None) -> None:
         raise
 
 
-def record(state: AppState, utterance: Utterance, ending: Ending, route: str) -> None:
+def record(state: AppState, utterance: Utterance, ending: Ending, route: str, *, method: str = "WS",
+           status: int | None = 101) -> None:
     """Metrics (streams by finish reason, audio seconds, time from first text to first audio), the
     access record and the usage-log line (`--usage-log`). (No real-time factor: a live stream's wall
     time is the writer's typing speed.)"""
@@ -304,7 +303,7 @@ def record(state: AppState, utterance: Utterance, ending: Ending, route: str) ->
                     utterance.stream.result.error if utterance.stream.result else "encoder failure")
     timings = utterance.timings()
     logs.log_access(logs.access_record(
-        request_id=utterance.id, method="WS", route=route, status=101, model=model,
+        request_id=utterance.id, method=method, route=route, status=status, model=model,
         voice=utterance.plan.voice.label, finish_reason=ending.reason, frames=utterance.usage()["output_tokens"],
         audio_s=utterance.audio_s, ttfa_s=first_audio, elapsed_s=timings["elapsed_s"]))
     writer = usage_log(state.config.usage_log)

@@ -88,6 +88,7 @@ from pydantic import ValidationError
 
 from qwen3_tts_gguf.request import AudioChunk
 
+from .clients import client_of
 from .errors import APIError, invalid_request, validation_error
 from .resume import CLOSE_RESUME_FAILED, Resumable, resume_registry
 from .schemas import SpeechRequest
@@ -212,8 +213,8 @@ class Connection(SocketConnection):
         body, ignored = speech_request({k: v for k, v in message.items() if k != "resumable"}, registry.default.id)
         served = model_for_voice(registry, body.model, body.voice_id, self.state.voice_profiles)  # as the route
         plan = replace(plan_speech(body, served, self.state.voice_profiles), ignored_fields=ignored)
-        session = await open_utterance(self.ws, self.state, plan, body.response_format, body.speed, live=True,
-                                       progress=body.progress)
+        session = await open_utterance(client_of(self.ws), self.state, plan, body.response_format, body.speed,
+                                       live=True, progress=body.progress)
         self.session = session
         self._resumable = None
         started = {

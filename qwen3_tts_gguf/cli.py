@@ -406,6 +406,7 @@ def _number(kind, minimum, maximum=None):
 
 
 _COUNT, _SECONDS, _COUNT0 = _number(int, 1), _number(float, None), _number(int, 0)
+_PORT = _number(int, 0, 65535)
 
 
 MAX_WARM_UP_VOICES = 16
@@ -624,6 +625,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "access record per request")
     p.add_argument("--usage-log", type=Path, metavar="PATH",
                    help="append one JSON line per finished stream (every route: usage, finish reason) to PATH")
+    p.add_argument("--wyoming-port", type=_PORT, metavar="PORT",
+                   help="also serve Wyoming, Home Assistant's voice protocol, on this TCP port (10200 is the usual "
+                        "one; no API key there: docs/integrations.md)")
+    p.add_argument("--wyoming-host", metavar="ADDRESS", help="address the Wyoming port binds (default: --host)")
     p.add_argument("--warm-up-voices", type=_voice_list, metavar="VOICES",
                    help="before the port opens, each of these voices (comma-separated VOICE or VOICE:LANGUAGE, or "
                         "none) speaks a short text on every model it fits, so that first requests find the runtimes "
