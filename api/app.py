@@ -24,7 +24,7 @@ from .errors import install_error_handlers
 from .hosts import BrowserGuard
 from .lifecycle import TrackRequests
 from .logs import AccessLog
-from .middleware import APIKeyMiddleware, BodyLimits, RequestObserver
+from .middleware import PUBLIC_LISTINGS, APIKeyMiddleware, BodyLimits, RequestObserver
 from .registry import ModelRegistry
 from .state import AppState
 from .voice_jobs import VoiceJobs
@@ -88,7 +88,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
     # ids/metrics, the access record, Host and Origin, the key, then the body's size and time)
     app.add_middleware(BodyLimits, limits=limits)
     if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key,
+                           open_lists=PUBLIC_LISTINGS if config.public_listings else ())
     app.add_middleware(BrowserGuard, config=config)
     app.add_middleware(AccessLog)
     app.add_middleware(RequestObserver, metrics=state.metrics)

@@ -29,6 +29,8 @@ class ServerConfig:
     port: int = 8100
     api_key: str | None = None
     """Required as `Authorization: Bearer <key>` on the API routes; None = open server."""
+    public_listings: bool = False
+    """GET /v1/audio/voices and /v1/audio/models answer without the key (Open WebUI reads them keyless)."""
     cors_origins: tuple[str, ...] = ()
     """Browser origins allowed to call the API ("*" = any); empty = no CORS headers."""
     voices_dir: Path | None = None
@@ -63,6 +65,7 @@ class ServerConfig:
             host=args.host,
             port=args.port,
             api_key=args.api_key or environ.get(API_KEY_ENV) or None,
+            public_listings=bool(getattr(args, "public_listings", False)),
             cors_origins=tuple(args.cors_origin or ()),
             voices_dir=args.voices_dir or voices_dir(),
             limits=limits_from_args(args),

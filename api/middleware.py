@@ -31,6 +31,9 @@ from .metrics import Metrics
 log = logging.getLogger("api.requests")
 
 PROTECTED_PREFIXES = ("/v1/", "/audio/")
+PUBLIC_LISTINGS = ("/v1/audio/voices", "/v1/audio/models")
+"""What `serve --public-listings` answers without the key (GET only): the two lists Open WebUI reads
+without sending its key (docs/integrations.md)."""
 UPLOAD_PATHS = ("/v1/audio/voices",)
 """POST routes whose body is a multipart upload (`max_upload_bytes`; other bodies: `max_body_bytes`)."""
 _CLOSE = {"Connection": "close"}
@@ -55,13 +58,17 @@ class APIKeyMiddleware:
     web console stay open). WebSocket endpoints authenticate themselves (browsers cannot send the
     header there): use `key_matches`."""
 
-    def __init__(self, app: ASGIApp, api_key: str, prefixes: Sequence[str] = PROTECTED_PREFIXES):
+    def __init__(self, app: ASGIApp, api_key: str, prefixes: Sequence[str] = PROTECTED_PREFIXES,
+                 open_lists: Sequence[str] = ()):
         self.app = app
         self.api_key = api_key
         self.prefixes = tuple(prefixes)
+        self.open_lists = frozenset(open_lists)
+        """Paths whose GET needs no key (`PUBLIC_LISTINGS` with `--public-listings`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(self.prefixes):
+        if scope["type"] == "http" and scope["path"].startswith(self.prefixes) \
+                and not (scope["method"] in ("GET", "HEAD") and scope["path"] in self.open_lists):
             token = bearer_token(scope)
             if not key_matches(self.api_key, token):
                 message = ("You didn't provide an API key: send 'Authorization: Bearer <key>'." if token is None

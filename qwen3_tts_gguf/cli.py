@@ -606,6 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     p.add_argument("--port", type=int, default=8100, help="port (default %(default)s)")
     p.add_argument("--api-key", help="require this key")
+    p.add_argument("--public-listings", action="store_true",
+                   help="GET /v1/audio/voices and /v1/audio/models answer without the key (Open WebUI reads them "
+                        "without sending it)")
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin (repeat; '*' for any)")
     p.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per model (default 0: the CPUs this process may use: affinity mask and cgroup CPU quota)")
