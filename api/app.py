@@ -14,7 +14,7 @@ from qwen3_tts_gguf import __version__
 from qwen3_tts_gguf.cpus import usable_cpus
 from qwen3_tts_gguf.voices import VoiceStore
 
-from . import catalog, headers, health, metrics, speech, websocket
+from . import catalog, elevenlabs, headers, health, metrics, speech, websocket
 from . import capabilities as capabilities_module
 from . import realtime as realtime_module
 from . import voice_profiles as voice_profiles_module
@@ -34,7 +34,7 @@ from .wyoming import WyomingServer
 
 # Feature routers, in order.
 ROUTERS: tuple[APIRouter, ...] = (speech.router, websocket.router, catalog.router, voice_profiles_module.router,
-                                  realtime_module.router,
+                                  realtime_module.router, elevenlabs.router,
                                   health.router, metrics.router,
                                   capabilities_module.router)
 

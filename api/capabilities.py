@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from wyoming import __version__ as wyoming_version_string
 
-from . import realtime, websocket
+from . import elevenlabs, realtime, websocket
 from .errors import error_responses
 from .limits import ServerLimits
 from .schemas import MAX_INPUT_CHARS, ResponseFormat
@@ -38,7 +38,7 @@ class Protocol(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="openai-speech, qtts, openai-realtime or wyoming", examples=["qtts"])
+    name: str = Field(description="openai-speech, qtts, openai-realtime, elevenlabs-multi-context or wyoming", examples=["qtts"])
     path: str = Field(description="the route (HTTP POST or WebSocket), or wyoming's tcp://host:port",
                       examples=["/v1/ws"])
     subprotocol: str | None = Field(description="the WebSocket subprotocol to offer; null: none (or HTTP)")
@@ -98,6 +98,8 @@ PROTOCOLS: tuple[Protocol, ...] = (
     Protocol(name="openai-realtime", path=realtime.PATH, subprotocol=realtime.SUBPROTOCOL, version="ga",
              features=["input_text_buffer", "audio/pcm", "audio/pcmu", "audio/pcma", "progress",
                        "text_normalization"]),
+    Protocol(name="elevenlabs-multi-context", path=elevenlabs.PATH, subprotocol=None, version="v1",
+             features=["contexts", "pcm_8000-48000", "ulaw_8000", "alaw_8000"]),
 )
 
 

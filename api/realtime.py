@@ -65,7 +65,7 @@ from .errors import APIError, invalid_request
 from .registry import ModelRegistry, ServedModel
 from .sockets import CLOSE_POLICY_VIOLATION, KEY_SUBPROTOCOL_PREFIX, SocketConnection, serve_socket
 from .state import AppState
-from .synthesis import SpeechPlan, plan_speech
+from .synthesis import LIVE_TEXT, SpeechPlan, plan_speech
 from .utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
 from .voice_profiles import model_for_voice
 
@@ -78,7 +78,6 @@ SUBPROTOCOL = "realtime"
 KEY_PREFIXES = ("openai-insecure-api-key.", KEY_SUBPROTOCOL_PREFIX)
 MAX_ITEMS = 256
 """Conversation items kept for `retrieve`/`delete`/`item_reference` (the oldest spoken ones go first)."""
-_LIVE_PLACEHOLDER = "(live text)"
 PROGRESS_EVENT = "response.output_audio.progress"
 """This server's extension event (session `progress: true`): text progress after each audio delta."""
 
@@ -199,7 +198,7 @@ class Connection(SocketConnection):
                 raise invalid_request(f"Invalid value for 'session.model': this session speaks with "
                                       f"'{self.config.model}', chosen when it connected; reconnect with "
                                       f"?model={model} to use another.", param="session.model")
-        self.plan(config, _LIVE_PLACEHOLDER, "session")  # voice, language, sampling: refused now, not later
+        self.plan(config, LIVE_TEXT, "session")  # voice, language, sampling: refused now, not later
         self.config = config
         await self.send_event({"type": "session.updated", "session": self.session_object()})
 
@@ -337,7 +336,7 @@ class Connection(SocketConnection):
             if len(delta) > limit:
                 raise invalid_request(f"A live response takes at most {limit} characters of text.", param="delta",
                                       code="string_above_max_length")
-            plan = self.plan(self.config, _LIVE_PLACEHOLDER, "session")
+            plan = self.plan(self.config, LIVE_TEXT, "session")
             utterance = await open_utterance(client_of(self.ws), self.state, plan, self.config.format,
                                              self.config.speed, live=True,
                                              progress=bool(self.config.extensions.get("progress")))

@@ -64,13 +64,16 @@ def error_event(error: APIError, **extra: Any) -> dict[str, Any]:
 # -- handshake -------------------------------------------------------------------------------------
 
 
-def offered_key(websocket: WebSocket, key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,)) -> str | None:
-    """The API key the client presented: `?api_key=`, a key subprotocol, or the header."""
+def offered_key(websocket: WebSocket, key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,),
+                key_header: str | None = None) -> str | None:
+    """The API key the client presented: `?api_key=`, a key subprotocol, the bearer header, or the
+    protocol's own `key_header` (ElevenLabs' `xi-api-key`)."""
     for protocol in websocket.scope.get("subprotocols") or ():
         for prefix in key_prefixes:
             if protocol.startswith(prefix):
                 return protocol[len(prefix):] or None
-    return websocket.query_params.get("api_key") or bearer_token(websocket.scope)
+    own = websocket.headers.get(key_header) if key_header else None
+    return websocket.query_params.get("api_key") or bearer_token(websocket.scope) or own or None
 
 
 def chosen_subprotocol(websocket: WebSocket, own: str | None,
@@ -88,7 +91,8 @@ def _policy_error(message: str, code: str) -> APIError:
 
 
 def handshake_problem(websocket: WebSocket, state: AppState,
-                      key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,)) -> APIError | None:
+                      key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,),
+                      key_header: str | None = None) -> APIError | None:
     """Why this connection must be refused, or None."""
     config = state.config
     if not host_allowed(websocket.scope, config):  # DNS rebinding: api/hosts.py
@@ -97,7 +101,7 @@ def handshake_problem(websocket: WebSocket, state: AppState,
         return _policy_error(f"Origin '{websocket.headers.get('origin')}' may not open WebSockets here "
                              "(start the server with --cors-origin to allow it).", "origin_not_allowed")
     if config.api_key:
-        key = offered_key(websocket, key_prefixes)
+        key = offered_key(websocket, key_prefixes, key_header)
         if not key_matches(config.api_key, key):
             return unauthorized(f"You didn't provide an API key: use ?api_key=<key> or the subprotocol "
                                 f"'{key_prefixes[0]}<key>'." if key is None else "Incorrect API key provided.")
@@ -275,7 +279,7 @@ class SocketConnection:
             if not isinstance(parsed, dict):
                 raise invalid_request("A message must be a JSON object with a 'type'.", param="type")
             message = parsed
-            kind = message.get("type")
+            kind = self.kind_of(message)
             handlers = self.handlers()
             handler = handlers.get(kind) if isinstance(kind, str) else None
             if handler is None:
@@ -287,6 +291,10 @@ class SocketConnection:
             log.exception("%s message failed", self.protocol_name)
             await self.send_error(APIError("The server had an error while processing your message.",
                                            status_code=500, type=SERVER_ERROR, code="internal_error"), message)
+
+    def kind_of(self, message: dict[str, Any]) -> Any:
+        """Which handler takes `message`: its `type` (a protocol without one derives it)."""
+        return message.get("type")
 
     def unknown_type(self, kind: Any, message: dict[str, Any]) -> APIError:
         shown = (repr(kind[:40]) if isinstance(kind, str) else "(missing)" if kind is None
@@ -305,12 +313,13 @@ async def refuse(websocket: WebSocket, event: dict[str, Any], code: int, timeout
 
 async def serve_socket(websocket: WebSocket, connect: Callable[[WebSocket, AppState, str], SocketConnection], *,
                        subprotocol: str | None, key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,),
+                       key_header: str | None = None,
                        refusal_event: Callable[[APIError], dict[str, Any]] = error_event) -> None:
     """Accept, check, count and run one connection of a protocol (see the module docstring)."""
     state = get_state(websocket)
     limits = state.config.limits
     await websocket.accept(subprotocol=chosen_subprotocol(websocket, subprotocol, key_prefixes))
-    problem = handshake_problem(websocket, state, key_prefixes)
+    problem = handshake_problem(websocket, state, key_prefixes, key_header)
     if problem is not None:
         await refuse(websocket, refusal_event(problem), CLOSE_POLICY_VIOLATION, limits.send_timeout_s,
                      problem.code or "refused")

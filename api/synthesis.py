@@ -6,6 +6,10 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from qwen3_tts_gguf.prompt import ContextLengthExceeded, PromptError
 from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
@@ -14,7 +18,7 @@ from qwen3_tts_gguf.scheduler import EngineBusy, EngineStopped, Stream
 
 from . import headers
 from .clients import Client
-from .errors import context_length_exceeded, invalid_request, queue_full, unavailable
+from .errors import context_length_exceeded, invalid_request, queue_full, unavailable, validation_error
 from .lifecycle import PROCESS
 from .registry import ServedModel
 from .schemas import SpeechRequest
@@ -73,6 +77,19 @@ def sampling_for(body: SpeechRequest, defaults: dict) -> tuple[TalkerSampling, S
         return TalkerSampling(talker, float(penalty)), predictor
     except ValueError as e:
         raise invalid_request(str(e)) from None
+
+
+LIVE_TEXT = "(live text)"
+"""The `input` of a live stream's speech request (its text comes later): it passes validation."""
+
+
+def speech_body(fields: dict[str, Any]) -> SpeechRequest:
+    """`fields` validated as a speech request (what a socket protocol's own message asks for); APIError
+    400 naming the field, as the speech route answers."""
+    try:
+        return SpeechRequest.model_validate(fields)
+    except ValidationError as e:
+        raise validation_error(RequestValidationError(e.errors())) from None
 
 
 def plan_speech(body: SpeechRequest, served: ServedModel, profiles: VoiceProfiles) -> SpeechPlan:

@@ -176,11 +176,12 @@ class Ending:
 
 
 async def open_utterance(client: Client | None, state: AppState, plan: SpeechPlan, response_format: str,
-                         speed: float, *, live: bool, progress: bool = False) -> Utterance:
+                         speed: float, *, live: bool, progress: bool = False, pcm_rate: int | None = None) -> Utterance:
     """Start `plan` on its engine (`live`: text comes later by `push`) with an encoder for
-    `response_format`; the socket's `client` (`clients.client_of`) holds one of its speech places until
-    the stream ends. `progress`: the protocol sends text-progress events."""
-    encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed)
+    `response_format` (`pcm_rate`: pcm resampled to that rate); the socket's `client`
+    (`clients.client_of`) holds one of its speech places until the stream ends. `progress`: the
+    protocol sends text-progress events."""
+    encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed, pcm_rate=pcm_rate)
     live_request = replace(plan.request, text="", text_mode="streaming") if live else None
     try:
         stream = await start_stream(plan, live_request, client=client)

@@ -23,6 +23,17 @@ from qwen3_tts_gguf.prompt import PromptError, VoiceSpec, resolve_language
 from .errors import invalid_request
 
 
+LANGUAGE_CODES = {"chinese": "zh", "english": "en", "german": "de", "italian": "it", "portuguese": "pt",
+                  "spanish": "es", "japanese": "ja", "korean": "ko", "french": "fr", "russian": "ru"}
+"""The models' languages as ISO 639-1 codes, for protocols that name languages so (Wyoming, ElevenLabs)."""
+
+
+def language_of(code: str | None) -> str | None:
+    """The language name for an ISO code ("en", "en-US", "en_US"); None (auto) when unknown or absent."""
+    prefix = (code or "").replace("_", "-").split("-")[0].lower()
+    return next((name for name, iso in LANGUAGE_CODES.items() if iso == prefix), None)
+
+
 @dataclass(frozen=True)
 class OpenAIVoice:
     """Where one of OpenAI's voice names goes on a CustomVoice model, and how it sounds."""

@@ -83,18 +83,16 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 
 from qwen3_tts_gguf.request import AudioChunk
 
 from .clients import client_of
-from .errors import APIError, invalid_request, validation_error
+from .errors import APIError, invalid_request
 from .resume import CLOSE_RESUME_FAILED, Resumable, resume_registry
 from .schemas import SpeechRequest
 from .sockets import CLOSE_POLICY_VIOLATION, SocketConnection, error_event, offered_key, serve_socket
 from .state import AppState
-from .synthesis import plan_speech
+from .synthesis import LIVE_TEXT, plan_speech, speech_body
 from .utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
 from .voice_profiles import model_for_voice
 
@@ -107,7 +105,6 @@ SUBPROTOCOL = "qtts.v1"
 SEND_TIMEOUT_CLOSE = (CLOSE_POLICY_VIOLATION, "send_timeout")
 NOT_FOR_LIVE_TEXT = ("input", "text_mode", "stream_format")
 """Speech-request fields a session ignores (the text comes in deltas, always in streaming mode)."""
-_PLACEHOLDER_INPUT = "(live text)"
 
 
 def speech_request(message: dict[str, Any], default_model: str) -> tuple[SpeechRequest, tuple[str, ...]]:
@@ -120,10 +117,7 @@ def speech_request(message: dict[str, Any], default_model: str) -> tuple[SpeechR
         fields["response_format"] = fields.pop("format")
     fields.setdefault("response_format", "pcm")
     fields.setdefault("model", default_model)
-    try:
-        body = SpeechRequest.model_validate({**fields, "input": _PLACEHOLDER_INPUT, "text_mode": "streaming"})
-    except ValidationError as e:
-        raise validation_error(RequestValidationError(e.errors())) from None
+    body = speech_body({**fields, "input": LIVE_TEXT, "text_mode": "streaming"})
     return body, tuple(sorted(body.ignored_fields + ignored))
 
 

@@ -36,7 +36,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event, async_write_event
@@ -50,22 +49,18 @@ from .catalog import voice_entries
 from .clients import UNKNOWN_CLIENT, Client
 from .errors import APIError, invalid_request
 from .lifecycle import PROCESS
-from .schemas import SpeechRequest
 from .sockets import socket_counts
 from .state import AppState
-from .synthesis import SpeechPlan, plan_speech
+from .synthesis import LIVE_TEXT, SpeechPlan, plan_speech, speech_body
 from .utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
 from .voice_profiles import model_for_voice
+from .voices import LANGUAGE_CODES, language_of
 
 log = logging.getLogger("api.wyoming")
 
 ROUTE = "wyoming"
 PROGRAM = "qwen3-tts-x"
 ATTRIBUTION = Attribution(name="Qwen3-TTS-X", url="https://github.com/QwenLM/Qwen3-TTS")
-LANGUAGE_CODES = {"chinese": "zh", "english": "en", "german": "de", "italian": "it", "portuguese": "pt",
-                  "spanish": "es", "japanese": "ja", "korean": "ko", "french": "fr", "russian": "ru"}
-"""The models' languages as the ISO 639-1 codes Home Assistant matches voices by (dialects are not offered)."""
-_PLACEHOLDER_INPUT = "(live text)"
 
 
 class ProtocolError(Exception):
@@ -122,12 +117,6 @@ def describe(state: AppState) -> Info:
     program = TtsProgram(name=PROGRAM, description="Qwen3-TTS, streaming", attribution=ATTRIBUTION, installed=True,
                          version=__version__, voices=voices, supports_synthesize_streaming=True)
     return Info(tts=[program])
-
-
-def language_of(code: str | None) -> str | None:
-    """Our language name for a Wyoming language ("en", "en-US", "en_US"); None (auto) when unknown."""
-    prefix = (code or "").replace("_", "-").split("-")[0].lower()
-    return next((name for name, iso in LANGUAGE_CODES.items() if iso == prefix), None)
 
 
 @dataclass
@@ -227,7 +216,7 @@ class WyomingConnection:
             raise invalid_request("A synthesis already runs on this connection: wait for its audio-stop.",
                                   code="stream_active")
         live = text is None
-        plan = self._plan(voice, _PLACEHOLDER_INPUT if live else text)
+        plan = self._plan(voice, LIVE_TEXT if live else text)
         self.utterance = utterance = await open_utterance(self.client, self.state, plan, "pcm", 1.0, live=live)
         utterance.pump = asyncio.ensure_future(self._pump(utterance))
         start_watch(utterance, self.limits)
@@ -244,13 +233,8 @@ class WyomingConnection:
             entries = voice_entries(registry, profiles, registry.default)
             name = next((v.id for v in entries if voice.language and v.language == voice.language),
                         entries[0].id if entries else "alloy")
-        try:
-            body = SpeechRequest(model=registry.default.id, input=text, voice=name, language=voice.language,
-                                 response_format="pcm")
-        except ValidationError as e:
-            error = e.errors()[0]
-            raise invalid_request(f"{'.'.join(map(str, error['loc']))}: {error['msg']}",
-                                  param="text" if error["loc"][0] == "input" else "voice") from None
+        body = speech_body({"model": registry.default.id, "input": text, "voice": name, "language": voice.language,
+                            "response_format": "pcm"})
         served = model_for_voice(registry, body.model, body.voice_id, profiles)
         return plan_speech(body, served, profiles)
 

@@ -219,20 +219,34 @@ class StreamResampler:
         return self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
 
 
+class _RateChange:
+    """s16 samples at one rate -> s16 at another (`StreamResampler`; the identity when they agree)."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        self._resampler = StreamResampler(in_rate, out_rate) if in_rate != out_rate else None
+
+    def process(self, s16: np.ndarray) -> np.ndarray:
+        if self._resampler is None:
+            return s16
+        return to_s16(self._resampler.process(s16.astype(np.float32) / 32767.0))
+
+    def flush(self) -> np.ndarray:
+        return np.zeros(0, np.int16) if self._resampler is None else to_s16(self._resampler.flush())
+
+
 class _G711:
     """s16 at the encoder's rate -> 8 kHz -> mu-law or A-law bytes."""
 
     def __init__(self, format: str, sample_rate: int) -> None:
         self._encode = s16_to_ulaw if format == "pcmu" else s16_to_alaw
-        self._resampler = StreamResampler(sample_rate, G711_RATE) if sample_rate != G711_RATE else None
+        self._rate = _RateChange(sample_rate, G711_RATE)
 
     def encode(self, s16: np.ndarray) -> bytes:
-        if self._resampler is None:
-            return self._encode(s16)
-        return self._encode(to_s16(self._resampler.process(s16.astype(np.float32) / 32767.0)))
+        return self._encode(self._rate.process(s16))
 
     def flush(self) -> bytes:
-        return b"" if self._resampler is None else self._encode(to_s16(self._resampler.flush()))
+        tail = self._rate.flush()
+        return self._encode(tail) if len(tail) else b""
 
 
 def wav_header(sample_rate: int = SAMPLE_RATE, num_samples: int | None = None) -> bytes:
@@ -363,15 +377,20 @@ class StreamingEncoder:
         sample_rate: rate of the incoming float chunks (and of the output, but for G.711; opus
             accepts 8/12/16/24/48 kHz).
         speed: tempo factor in [0.25, 4.0] (pitch kept); 1.0 = unchanged.
+        pcm_rate: `pcm` only: the output's rate, resampled from `sample_rate` (soxr); None: the same.
 
     Not thread-safe; use one encoder per request. ValueError on a bad format, rate or speed.
     """
 
-    def __init__(self, format: str, sample_rate: int = SAMPLE_RATE, speed: float = 1.0) -> None:
+    def __init__(self, format: str, sample_rate: int = SAMPLE_RATE, speed: float = 1.0,
+                 pcm_rate: int | None = None) -> None:
         self.format = format if format in G711_FORMATS else _check_format(format)
         self.sample_rate = int(sample_rate)
         if self.sample_rate <= 0:
             raise ValueError(f"sample_rate must be positive, got {sample_rate!r}")
+        if pcm_rate is not None and (format != "pcm" or not 8000 <= pcm_rate <= 192000):
+            raise ValueError(f"pcm_rate is for pcm output at 8000-192000 Hz, got {pcm_rate!r} for {format}")
+        self._pcm_rate = _RateChange(self.sample_rate, pcm_rate) if pcm_rate else None
         self.speed = _check_speed(speed)
         self.mime_type = G711_MIME_TYPES.get(format) or MIME_TYPES[format]
         self._g711 = _G711(format, self.sample_rate) if format in G711_FORMATS else None
@@ -424,6 +443,8 @@ class StreamingEncoder:
         out = self._emit(rest)  # also a wav header when nothing was encoded
         if self._g711 is not None:
             out += self._g711.flush()
+        if self._pcm_rate is not None:
+            out += self._pcm_rate.flush().astype("<i2", copy=False).tobytes()
         self._finished = True
         if self._container is not None:
             for packet in self._stream.encode(None):
@@ -445,7 +466,7 @@ class StreamingEncoder:
             self._release()
 
     def _release(self) -> None:
-        self._container = self._stream = self._sink = self._tempo = self._g711 = None
+        self._container = self._stream = self._sink = self._tempo = self._g711 = self._pcm_rate = None
 
     def _emit(self, s16: np.ndarray) -> bytes:
         header = b""
@@ -458,6 +479,8 @@ class StreamingEncoder:
         if self._g711 is not None:
             return self._g711.encode(s16)
         if self._container is None:  # wav / pcm
+            if self._pcm_rate is not None:
+                s16 = self._pcm_rate.process(s16)
             return header + s16.astype("<i2", copy=False).tobytes()
         frame = av.AudioFrame.from_ndarray(s16[None, :], format="s16", layout="mono")
         frame.sample_rate = self.sample_rate

@@ -81,7 +81,7 @@ def test_the_document_says_what_this_server_offers_and_validates_against_its_sch
     assert set(doc) == {"protocols", "formats", "limits", "normalization", "models"}
 
     protocols = {p["name"]: p for p in doc["protocols"]}
-    assert list(protocols) == ["openai-speech", "qtts", "openai-realtime"]
+    assert list(protocols) == ["openai-speech", "qtts", "openai-realtime", "elevenlabs-multi-context"]
     assert protocols["openai-speech"] == {
         "name": "openai-speech", "path": "/v1/audio/speech", "subprotocol": None, "version": "v1",
         "features": ["sse", "stream_format", "instructions", "speed", "progress", "text_normalization"]}
@@ -90,6 +90,9 @@ def test_the_document_says_what_this_server_offers_and_validates_against_its_sch
     assert protocols["openai-realtime"] == {
         "name": "openai-realtime", "path": "/v1/realtime", "subprotocol": "realtime", "version": "ga",
         "features": ["input_text_buffer", "audio/pcm", "audio/pcmu", "audio/pcma", "progress", "text_normalization"]}
+    assert protocols["elevenlabs-multi-context"] == {
+        "name": "elevenlabs-multi-context", "path": "/v1/text-to-speech/{voice_id}/multi-stream-input",
+        "subprotocol": None, "version": "v1", "features": ["contexts", "pcm_8000-48000", "ulaw_8000", "alaw_8000"]}
 
     assert doc["formats"] == list(get_args(ResponseFormat)) == ["mp3", "opus", "aac", "flac", "wav", "pcm"]
     limits = doc["limits"]

@@ -27,18 +27,12 @@ from api.lifecycle import PROCESS
 from api.limits import ServerLimits
 from api.testing import ServerThread
 from qwen3_tts_gguf.cli import build_parser
-from qwen3_tts_gguf.model import EngineSettings
-from tests.ws_helpers import KEY, TIMEOUT, httpx, loaded_registry, wait_idle
+from tests.ws_helpers import KEY, TIMEOUT, httpx, short_stream_registries, wait_idle
 
 SAMPLES_PER_FRAME = 1920
 
 
-@pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    settings = EngineSettings(threads=1, deterministic=True, max_streams=2, max_pending=4, budget_base_frames=6,
-                              budget_frames_per_token=1)
-    with loaded_registry(tiny_cv_f32, settings) as registry:
-        yield registry
+registry, own_registry = short_stream_registries(max_streams=2, max_pending=4)
 
 
 @contextlib.contextmanager
@@ -187,7 +181,8 @@ def test_a_bad_event_is_an_error_then_the_connection_closes_and_the_server_serve
     assert wait_idle(registry)["active"] == 0
 
 
-def test_a_client_that_leaves_mid_synthesis_frees_its_stream(registry):
+def test_a_client_that_leaves_mid_synthesis_frees_its_stream(own_registry):
+    registry = own_registry
     with serve(registry) as (_, port):
         async def leave():
             async with AsyncTcpClient("127.0.0.1", port) as client:
@@ -200,8 +195,8 @@ def test_a_client_that_leaves_mid_synthesis_frees_its_stream(registry):
         assert wait_idle(registry)["active"] == 0
 
 
-def test_idle_connections_and_socket_counts_are_bounded(registry):
-    with serve(registry, ws_idle_timeout_s=0.3, max_sockets_per_client=2) as (_, port):
+def test_idle_connections_and_socket_counts_are_bounded(own_registry):
+    with serve(own_registry, ws_idle_timeout_s=0.3, max_sockets_per_client=2) as (_, port):
         async def idle_then_crowded():
             async with AsyncTcpClient("127.0.0.1", port) as client:
                 await client.write_event(Ping().event())

@@ -30,8 +30,8 @@ from qwen3_tts_gguf.model import EngineSettings
 
 __all__ = ["FRAMES", "KEY", "SAMPLES_PER_FRAME", "SEED", "TEXT", "TIMEOUT", "ClientConnection", "ServerThread",
            "event", "eventually", "expect_error", "httpx", "loaded_registry", "open_from", "open_ws",
-           "post_speech", "refused", "say_and_stop", "send", "serve", "speak_live", "start", "until_done",
-           "wait_idle", "whole_text_pcm", "ws_settings", "ws_url"]
+           "post_speech", "refused", "say_and_stop", "send", "serve", "short_stream_registries", "speak_live", "start",
+           "until_done", "wait_idle", "whole_text_pcm", "ws_settings", "ws_url"]
 
 KEY = "test-key"
 TEXT = "Hello there, this is a live streaming test of words."
@@ -66,6 +66,21 @@ def serve(registry: ModelRegistry, api_key: str | None = KEY, *, usage_log: Path
     config = ServerConfig(api_key=api_key, webui_dir=None, usage_log=usage_log, limits=ServerLimits(**limits))
     with ServerThread(create_app(config, registry)) as running:
         yield running
+
+
+def short_stream_registries(max_streams: int, max_pending: int) -> tuple[Callable, Callable]:
+    """Fixtures `registry` (module) and `own_registry` (one test's own: a server's end stops its
+    registry's engines) of the tiny CustomVoice model, deterministic, one thread, whose runaway budget
+    (6 frames + 1 per text token) ends every stream within a few dozen frames: for protocols that
+    have no `max_frames` (random weights rarely say EOS)."""
+    settings = EngineSettings(threads=1, deterministic=True, max_streams=max_streams, max_pending=max_pending,
+                              budget_base_frames=6, budget_frames_per_token=1)
+
+    def load(tiny_cv_f32):
+        with loaded_registry(tiny_cv_f32, settings) as registry:
+            yield registry
+
+    return pytest.fixture(scope="module", name="registry")(load), pytest.fixture(name="own_registry")(load)
 
 
 def wait_idle(registry: ModelRegistry, timeout: float = 10.0) -> dict:

@@ -1,0 +1,184 @@
+"""ElevenLabs' multi-context socket (`api/elevenlabs.py`) end to end: a real uvicorn server, the
+`websockets` client sending what Pipecat's and LiveKit's ElevenLabs services send (a context opened
+with " ", words with their trailing spaces, `flush`, `close_context`, the key as `xi-api-key`).
+
+The proof that nothing is lost or mixed: two contexts interleaved on one socket each give the bytes
+of `POST /v1/audio/speech` with the same text, seed and streaming text mode (deterministic profile);
+pcm at another rate and mu-law are that audio resampled. The runaway budget is small, so every
+context ends within a few dozen frames (random weights rarely say EOS).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from api.elevenlabs import MAX_CONTEXTS
+from qwen3_tts_gguf.audio_encoding import StreamResampler, s16_to_ulaw, to_s16
+from tests.ws_helpers import KEY, SEED, TIMEOUT, post_speech, serve, short_stream_registries, wait_idle
+
+TEXTS = {"a": "Hello there, this is the first voice.", "b": "And here a second one speaks."}
+
+
+registry, own_registry = short_stream_registries(max_streams=4, max_pending=8)
+
+
+@pytest.fixture(scope="module")
+def server(registry):
+    with serve(registry) as running:
+        yield running
+
+
+def open_socket(server, voice: str = "ryan", key: str | None = KEY, **query):
+    query = {"model_id": "eleven_flash_v2_5", "seed": SEED, **query}
+    url = (f"ws://{server.host}:{server.port}/v1/text-to-speech/{voice}/multi-stream-input?"
+           + "&".join(f"{k}={v}" for k, v in query.items()))
+    return connect(url, proxy=None, open_timeout=TIMEOUT, additional_headers={"xi-api-key": key} if key else {})
+
+
+def send(ws, **message) -> None:
+    ws.send(json.dumps(message))
+
+
+def words(text: str) -> list[str]:
+    return [w + " " for w in text.split(" ")]
+
+
+def collect(ws, contexts: set[str]) -> tuple[dict[str, bytes], list[dict]]:
+    """Audio per context until every one of `contexts` said isFinal; also every other message."""
+    audio, others, open_ = {c: b"" for c in contexts}, [], set(contexts)
+    while open_:
+        message = json.loads(ws.recv(timeout=TIMEOUT))
+        if message.get("audio"):
+            assert message["isFinal"] is False and message["contextId"] in open_, message
+            audio[message["contextId"]] += base64.b64decode(message["audio"])
+        elif message.get("isFinal") is True:
+            open_.discard(message["contextId"])
+        else:
+            others.append(message)
+    return audio, others
+
+
+def reference_pcm(server, text: str) -> bytes:
+    """The speech route's audio of what a context was sent: its words, each with a trailing space."""
+    return post_speech(server, "".join(words(text)), text_mode="streaming", seed=SEED).content
+
+
+def test_two_interleaved_contexts_each_equal_the_speech_route(server, registry):
+    with open_socket(server) as ws:
+        for context in TEXTS:
+            send(ws, text=" ", context_id=context, voice_settings={"stability": 0.5}, generation_config={})
+        pieces = {c: words(t) for c, t in TEXTS.items()}
+        while any(pieces.values()):
+            for context, left in pieces.items():
+                if left:
+                    send(ws, text=left.pop(0), context_id=context)
+        send(ws, text="", context_id="a")  # keep-alive
+        for context in TEXTS:
+            send(ws, context_id=context, flush=True)
+            send(ws, context_id=context, close_context=True)
+        audio, others = collect(ws, set(TEXTS))
+    assert others == []
+    for context, text in TEXTS.items():
+        assert audio[context] == reference_pcm(server, text), context
+    assert wait_idle(registry)["active"] == 0
+
+
+@pytest.mark.parametrize("output_format, rate", [("pcm_16000", 16000), ("pcm_44100", 44100), ("ulaw_8000", 8000)])
+def test_other_output_formats_are_the_same_audio_resampled(server, output_format, rate):
+    text = TEXTS["a"]
+    with open_socket(server, output_format=output_format) as ws:
+        for piece in [" ", *words(text)]:
+            send(ws, text=piece, context_id="x")
+        send(ws, context_id="x", close_context=True)
+        audio, _ = collect(ws, {"x"})
+    reference = np.frombuffer(reference_pcm(server, text), "<i2").astype(np.float32) / 32767.0
+    resampler = StreamResampler(24000, rate)
+    expected = to_s16(np.concatenate([resampler.process(reference), resampler.flush()]))
+    if output_format == "ulaw_8000":
+        assert audio["x"] == s16_to_ulaw(expected)
+    else:
+        assert audio["x"] == expected.astype("<i2").tobytes()
+
+
+def refusal(ws) -> tuple[dict, int | None]:
+    message = json.loads(ws.recv(timeout=TIMEOUT))
+    with pytest.raises(ConnectionClosed):
+        ws.recv(timeout=TIMEOUT)
+    return message, ws.close_code
+
+
+@pytest.mark.parametrize("voice, key, query, code", [
+    ("ryan", KEY, {"output_format": "mp3_44100_128"}, "unsupported_output_format"),
+    ("21m00Tcm4TlvDq8ikWAM", KEY, {}, "invalid_value"),  # an ElevenLabs voice id: not a voice here
+    ("ryan", KEY, {"model_id": "no-such-model"}, "model_not_found"),
+    ("ryan", KEY, {"seed": "-1"}, "invalid_value"),
+    ("ryan", "wrong-key", {}, "invalid_api_key"),
+    ("ryan", None, {}, "invalid_api_key"),
+])
+def test_a_bad_handshake_is_told_then_closed(server, voice, key, query, code):
+    with open_socket(server, voice=voice, key=key, **query) as ws:
+        message, close = refusal(ws)
+    assert message["error"] == code and message["message"] and close == 1008
+
+
+def test_contexts_are_bounded_and_bad_messages_leave_the_socket_open(own_registry):
+    registry = own_registry
+    with serve(registry, max_requests_per_client=MAX_CONTEXTS + 1) as server, open_socket(server) as ws:
+        for i in range(MAX_CONTEXTS):
+            send(ws, text=" ", context_id=f"c{i}")
+        send(ws, text=" ", context_id="one-too-many")
+        assert json.loads(ws.recv(timeout=TIMEOUT)) == {
+            "error": "too_many_contexts", "contextId": "one-too-many",
+            "message": f"At most {MAX_CONTEXTS} contexts may be open on one socket: close one first."}
+        for message, code in (({"context_id": "nope", "close_context": True}, "context_not_found"),
+                              ({"context_id": "c0", "text": 5}, "invalid_value"),
+                              ({"context_id": "", "text": "hi"}, "invalid_value"),
+                              ({"context_id": "c0"}, "invalid_value")):
+            send(ws, **message)
+            assert json.loads(ws.recv(timeout=TIMEOUT))["error"] == code, message
+        ws.send("not json")
+        assert json.loads(ws.recv(timeout=TIMEOUT))["error"] == "invalid_json"
+        send(ws, close_socket=True)  # contexts without text end at once, each with its isFinal
+        finals = [json.loads(ws.recv(timeout=TIMEOUT)) for _ in range(MAX_CONTEXTS)]
+        assert {f["contextId"] for f in finals} == {f"c{i}" for i in range(MAX_CONTEXTS)}
+        assert all(f == {"isFinal": True, "contextId": f["contextId"]} for f in finals)
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=TIMEOUT)
+        assert ws.close_code == 1000
+    assert wait_idle(registry)["active"] == 0
+
+
+def test_a_clients_contexts_count_against_its_speech_places(server, registry):
+    with open_socket(server) as ws:  # two places per client here (half of the engine's four slots)
+        for context in ("p", "q", "r"):
+            send(ws, text=" ", context_id=context)
+        assert json.loads(ws.recv(timeout=TIMEOUT))["error"] == "client_limit"
+        send(ws, context_id="p", close_context=True)
+        assert json.loads(ws.recv(timeout=TIMEOUT)) == {"isFinal": True, "contextId": "p"}
+        send(ws, text=" Now there is room.", context_id="r")
+        send(ws, close_socket=True)
+        audio, _ = collect(ws, {"q", "r"})
+    assert audio["q"] == b"" and audio["r"]
+    assert wait_idle(registry)["active"] == 0
+
+
+def test_close_socket_lets_contexts_finish_and_a_client_that_leaves_frees_its_streams(server, registry):
+    with open_socket(server) as ws:
+        for piece in [" ", *words(TEXTS["b"])]:
+            send(ws, text=piece, context_id="last")
+        send(ws, close_socket=True)
+        audio, _ = collect(ws, {"last"})
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=TIMEOUT)
+    assert audio["last"] == reference_pcm(server, TEXTS["b"])
+    with contextlib.closing(open_socket(server)) as ws:
+        send(ws, text=" A sentence that is never closed because the client", context_id="gone")
+        json.loads(ws.recv(timeout=TIMEOUT))  # its first audio: the stream runs; then the client leaves
+    assert wait_idle(registry)["active"] == 0
