@@ -19,6 +19,7 @@ from qwen3_tts_gguf.audio_encoding import (
     MIME_TYPES,
     AudioFileWriter,
     StreamingEncoder,
+    StreamResampler,
     atempo_factors,
     format_from_path,
     to_s16,
@@ -71,10 +72,10 @@ def align(decoded: np.ndarray, ref: np.ndarray, max_lag: int = 4096) -> tuple[in
     return lag, float(np.corrcoef(seg, ref[: len(seg)])[0, 1])
 
 
-def dominant_freq(x: np.ndarray) -> float:
+def dominant_freq(x: np.ndarray, rate: int = SR) -> float:
     x = x.astype(np.float64)
     spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
-    return float(np.argmax(spec) * SR / len(x))
+    return float(np.argmax(spec) * rate / len(x))
 
 
 def test_to_s16_rule() -> None:
@@ -163,6 +164,9 @@ def test_empty_stream_and_lifecycle() -> None:
         {"format": "pcm", "speed": float("nan")},
         {"format": "pcm", "speed": "fast"},
         {"format": "opus", "sample_rate": 44100},
+        {"format": "mp3", "pcm_rate": 16000},
+        {"format": "pcm", "pcm_rate": 4000},
+        {"format": "pcm", "pcm_rate": 200_000},
     ],
 )
 def test_bad_arguments(kwargs: dict) -> None:
@@ -341,3 +345,16 @@ def test_g711_streaming_encoder_resamples_to_8k_across_chunks(fmt: str) -> None:
     assert abs(dominant_freq(np.repeat(decoded, SR // G711_RATE)) - 440.0) < 5
     faster = b"".join(encode(fmt, signal, speed=1.5)[0]) + encode(fmt, signal, speed=1.5)[1]
     assert abs(len(faster) - len(data) / 1.5) < 200
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 44100, 48000])
+def test_pcm_at_another_rate_is_one_resampling_of_the_whole_stream(rate: int) -> None:
+    signal = tone(440.0, 1.0)
+    chunked = StreamingEncoder("pcm", SR, pcm_rate=rate)
+    data = b"".join(chunked.encode(signal[i : i + CHUNK]) for i in range(0, len(signal), CHUNK)) + chunked.finish()
+    assert len(data) == 2 * len(signal) * rate // SR  # nothing lost at the end
+    resampler = StreamResampler(SR, rate)
+    whole = to_s16(np.concatenate([resampler.process(to_s16(signal) / 32767.0), resampler.flush()]))
+    assert data == whole.astype("<i2").tobytes()  # the s16 rule, then one resampling: chunking changes no byte
+    assert abs(dominant_freq(whole / 32767.0, rate) - 440.0) < 5
+    assert StreamingEncoder("pcm", SR, pcm_rate=SR).encode(signal) == to_s16(signal).astype("<i2").tobytes()
