@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -51,7 +52,10 @@ def server(registry):
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, TIMEOUT))
+    """`coro` to its end on an event loop of its own thread: a session fixture (Playwright's, for the
+    web console tests) may keep a loop running in this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, asyncio.wait_for(coro, TIMEOUT)).result()
 
 
 async def read_until(client: AsyncTcpClient, *types: str) -> list[Event]:
