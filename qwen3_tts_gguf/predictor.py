@@ -21,7 +21,10 @@ NUM_STEPS = 15
 # small node: ~2 ms a frame). OpenVINO's CPU runtime is no faster here: the same graph with int8 weights
 # (one scale per column, or per 128 rows) as Cast x scale before each MatMul, which it runs as compressed
 # FullyConnected kernels, took 71-76 ms a frame against this graph's 62-66 on ONNX Runtime, and 97-102 with
-# its dynamic quantization of the activations (0.6B, 2 threads, 20 alternating calls, 2026-12-03).
+# its dynamic quantization of the activations (0.6B, 2 threads, 20 alternating calls, 2026-12-03). ONNX
+# Runtime's own dynamic quantization (int8 weights per column, activations per tensor: DynamicQuantizeLinear +
+# MatMulInteger) streams one row no faster: a chain of 24 int8 [1024,3072]/[3072,1024] weights (80 MB), 2
+# threads, 11.6 ms a pass against MatMulNBits' 8.3 (2026-12-03, a slower day: numpy read 28 GB/s).
 
 
 @dataclass
