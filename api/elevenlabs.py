@@ -19,13 +19,17 @@ each context is one live utterance (`utterance.py`), several may run on one sock
     {"isFinal": true, "contextId": "c1"}               c1's audio is complete (its id may be used again)
     {"error": "<code>", "message": "...", "contextId": "c1"}   OpenAI's error code; the socket stays open
 
+The same service's HTTP routes, `POST /v1/text-to-speech/{voice}` and `.../{voice}/stream` (`{"text",
+"model_id", "language_code", "seed", "voice_settings" (ignored)}`, `?output_format=`), answer with the audio,
+streamed as the speech route streams it (`speech.respond`).
+
 `voice` is any voice `/v1/audio/voices` lists; `model_id` a served model or alias (ElevenLabs' own
 `eleven_*` ids mean the default model); `output_format` `pcm_8000` ... `pcm_48000` (16-bit mono,
 resampled from 24 kHz), `ulaw_8000` or `alaw_8000` (default `pcm_24000`; ElevenLabs' mp3 and opus
-formats are refused at the handshake). The key: `xi-api-key` header, `Authorization: Bearer`, or
-`?api_key=`. Limits as `/v1/ws` (`sockets.py`: message size, socket counts, send timeout; each
-context's text, idle time and length), and at most `MAX_CONTEXTS` contexts open on one socket, each
-holding one of its client's speech places.
+formats are refused: 400 on HTTP, at the socket's handshake). The key: the `xi-api-key` header,
+`Authorization: Bearer`, or (socket) `?api_key=`. Limits as `/v1/ws` (`sockets.py`: message size,
+socket counts, send timeout; each context's text, idle time and length), and at most `MAX_CONTEXTS`
+contexts open on one socket, each holding one of its client's speech places.
 """
 
 from __future__ import annotations
@@ -38,12 +42,17 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fastapi import APIRouter, WebSocket
+from fastapi import APIRouter, Path, Query, Request, Response, WebSocket
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from qwen3_tts_gguf.audio_encoding import G711_MIME_TYPES
 
 from .clients import client_of
-from .errors import APIError, invalid_request
+from .errors import APIError, error_responses, invalid_request
+from .schemas import MAX_ID_CHARS, MAX_INPUT_CHARS, MAX_LANGUAGE_CHARS, MAX_SEED, NOT_BLANK_PATTERN, Identifier
 from .sockets import CLOSE_POLICY_VIOLATION, SocketConnection, serve_socket
-from .state import AppState
+from .speech import respond
+from .state import AppState, get_state
 from .synthesis import LIVE_TEXT, SpeechPlan, plan_speech, speech_body
 from .utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
 from .voice_profiles import model_for_voice
@@ -55,7 +64,6 @@ router = APIRouter(tags=["audio"])
 
 PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
 ROUTE = "/v1/text-to-speech/multi-stream-input"
-KEY_HEADER = "xi-api-key"
 MAX_CONTEXTS = 5
 """Contexts open at once on one socket (ElevenLabs' own bound)."""
 DEFAULT_CONTEXT = "default"
@@ -72,6 +80,10 @@ class OutputFormat:
     name: str
     response_format: str  # pcm, pcmu or pcma
     pcm_rate: int | None  # pcm resampled to this rate (None: the model's own)
+
+    @property
+    def content_type(self) -> str:
+        return G711_MIME_TYPES.get(self.response_format, "audio/pcm")
 
     @classmethod
     def parse(cls, name: str | None, model_rate: int) -> OutputFormat:
@@ -240,10 +252,47 @@ class Connection(SocketConnection):
                 self.end((1000, "close_socket"))
 
 
+class SpeechBody(BaseModel):
+    """The body of ElevenLabs' text-to-speech routes (the fields this server reads; others are ignored)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    text: str = Field(max_length=MAX_INPUT_CHARS, description="the text to speak (not blank)",
+                      json_schema_extra={"pattern": NOT_BLANK_PATTERN})
+    model_id: Identifier | None = Field(None, description="a served model or alias; `eleven_*`: the default model")
+    language_code: str | None = Field(None, max_length=MAX_LANGUAGE_CHARS, description="ISO 639-1: en, zh, ...")
+    seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
+    voice_settings: dict[str, Any] | None = Field(None, description="accepted and ignored")
+
+
+_AUDIO_RESPONSES = {
+    200: {"description": "the audio, chunked as it is made",
+          "content": {t: {"schema": {"type": "string", "format": "binary"}}
+                      for t in ("audio/pcm", *G711_MIME_TYPES.values())}},
+    **error_responses(400, 401, 403, 404, 408, 413, 429, 500, 503)}
+
+
+@router.post("/v1/text-to-speech/{voice_id}/stream", response_class=Response, responses=_AUDIO_RESPONSES)
+@router.post("/v1/text-to-speech/{voice_id}", response_class=Response, responses=_AUDIO_RESPONSES)
+async def text_to_speech(body: SpeechBody, request: Request, voice_id: str = Path(max_length=MAX_ID_CHARS),
+                         output_format: str | None = Query(None, max_length=32,
+                                                           description="pcm_<rate> (8000-48000), ulaw_8000, "
+                                                                       "alaw_8000; default pcm_24000")) -> Response:
+    """ElevenLabs' text to speech: the audio in `output_format`, streamed as it is made."""
+    registry = get_state(request).registry
+    model = body.model_id or registry.default.id
+    speech = speech_body({"model": registry.default.id if model.startswith("eleven_") else model, "input": body.text,
+                          "voice": voice_id, "language": language_of(body.language_code), "seed": body.seed,
+                          "response_format": "pcm"})
+    served = registry.resolve(speech.model)
+    audio = OutputFormat.parse(output_format, served.model.sample_rate)
+    return await respond(request, speech, audio.response_format, audio.content_type, pcm_rate=audio.pcm_rate)
+
+
 @router.websocket(PATH)
 async def multi_stream_input(websocket: WebSocket) -> None:
     """ElevenLabs' multi-context text-to-speech socket; see the module docstring."""
-    await serve_socket(websocket, Connection, subprotocol=None, key_header=KEY_HEADER, refusal_event=error_message)
+    await serve_socket(websocket, Connection, subprotocol=None, refusal_event=error_message)
 
 
-__all__ = ["router", "PATH", "Connection", "OutputFormat"]
+__all__ = ["router", "PATH", "Connection", "OutputFormat", "SpeechBody"]

@@ -39,12 +39,16 @@ UPLOAD_PATHS = ("/v1/audio/voices",)
 _CLOSE = {"Connection": "close"}
 
 
+KEY_HEADER = "xi-api-key"
+"""The header ElevenLabs' clients send their key in: taken as the key wherever `Authorization` is."""
+
+
 def bearer_token(scope: Scope) -> str | None:
-    """The key of an `Authorization: Bearer <key>` header, or None."""
-    value = Headers(scope=scope).get("authorization", "")
-    scheme, _, token = value.partition(" ")
+    """The key of an `Authorization: Bearer <key>` header (or of `xi-api-key`), or None."""
+    headers = Headers(scope=scope)
+    scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer":
-        return None
+        return headers.get(KEY_HEADER) or None
     return token.strip() or None
 
 

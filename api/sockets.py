@@ -64,16 +64,14 @@ def error_event(error: APIError, **extra: Any) -> dict[str, Any]:
 # -- handshake -------------------------------------------------------------------------------------
 
 
-def offered_key(websocket: WebSocket, key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,),
-                key_header: str | None = None) -> str | None:
-    """The API key the client presented: `?api_key=`, a key subprotocol, the bearer header, or the
-    protocol's own `key_header` (ElevenLabs' `xi-api-key`)."""
+def offered_key(websocket: WebSocket, key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,)) -> str | None:
+    """The API key the client presented: `?api_key=`, a key subprotocol, or the header (`Authorization:
+    Bearer`, or ElevenLabs' `xi-api-key`)."""
     for protocol in websocket.scope.get("subprotocols") or ():
         for prefix in key_prefixes:
             if protocol.startswith(prefix):
                 return protocol[len(prefix):] or None
-    own = websocket.headers.get(key_header) if key_header else None
-    return websocket.query_params.get("api_key") or bearer_token(websocket.scope) or own or None
+    return websocket.query_params.get("api_key") or bearer_token(websocket.scope)
 
 
 def chosen_subprotocol(websocket: WebSocket, own: str | None,
@@ -91,8 +89,7 @@ def _policy_error(message: str, code: str) -> APIError:
 
 
 def handshake_problem(websocket: WebSocket, state: AppState,
-                      key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,),
-                      key_header: str | None = None) -> APIError | None:
+                      key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,)) -> APIError | None:
     """Why this connection must be refused, or None."""
     config = state.config
     if not host_allowed(websocket.scope, config):  # DNS rebinding: api/hosts.py
@@ -101,7 +98,7 @@ def handshake_problem(websocket: WebSocket, state: AppState,
         return _policy_error(f"Origin '{websocket.headers.get('origin')}' may not open WebSockets here "
                              "(start the server with --cors-origin to allow it).", "origin_not_allowed")
     if config.api_key:
-        key = offered_key(websocket, key_prefixes, key_header)
+        key = offered_key(websocket, key_prefixes)
         if not key_matches(config.api_key, key):
             return unauthorized(f"You didn't provide an API key: use ?api_key=<key> or the subprotocol "
                                 f"'{key_prefixes[0]}<key>'." if key is None else "Incorrect API key provided.")
@@ -313,13 +310,12 @@ async def refuse(websocket: WebSocket, event: dict[str, Any], code: int, timeout
 
 async def serve_socket(websocket: WebSocket, connect: Callable[[WebSocket, AppState, str], SocketConnection], *,
                        subprotocol: str | None, key_prefixes: Sequence[str] = (KEY_SUBPROTOCOL_PREFIX,),
-                       key_header: str | None = None,
                        refusal_event: Callable[[APIError], dict[str, Any]] = error_event) -> None:
     """Accept, check, count and run one connection of a protocol (see the module docstring)."""
     state = get_state(websocket)
     limits = state.config.limits
     await websocket.accept(subprotocol=chosen_subprotocol(websocket, subprotocol, key_prefixes))
-    problem = handshake_problem(websocket, state, key_prefixes, key_header)
+    problem = handshake_problem(websocket, state, key_prefixes)
     if problem is not None:
         await refuse(websocket, refusal_event(problem), CLOSE_POLICY_VIOLATION, limits.send_timeout_s,
                      problem.code or "refused")

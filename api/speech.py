@@ -55,13 +55,21 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     Headers are sent with the first audio, so errors before it have real status codes; later
     errors abort the connection (audio) or arrive as an `error` event (SSE).
     """
+    return await respond(request, body, body.response_format, CONTENT_TYPES[body.response_format])
+
+
+async def respond(request: Request, body: SpeechRequest, audio_format: str, content_type: str,
+                  pcm_rate: int | None = None) -> Response:
+    """The speech route's response for `body`, its audio encoded as `audio_format` (a speech-route format,
+    or G.711; `pcm_rate`: pcm at that rate) and sent as `content_type`: what every HTTP route that speaks
+    (`elevenlabs.py` too) answers with."""
     state = get_state(request)
     received_at = getattr(request.state, "received_at", None) or time.monotonic()
     served = model_for_voice(state.registry, body.model, body.voice_id, state.voice_profiles)
     plan = plan_speech(body, served, state.voice_profiles)
     if plan.voice.instructions_ignored:
         log.info("instructions ignored: model %s cannot take them", plan.served.id)
-    encoder = StreamingEncoder(body.response_format, plan.served.model.sample_rate, body.speed)
+    encoder = StreamingEncoder(audio_format, plan.served.model.sample_rate, body.speed, pcm_rate=pcm_rate)
     try:
         stream = await start_stream(plan, client=client_of(request))
     except BaseException:
@@ -77,8 +85,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         timeout = state.config.limits.send_timeout_s
         if body.stream_format == "sse":
             return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers(), timeout)
-        return SpeechResponse(speech, audio_body(speech), CONTENT_TYPES[body.response_format], plan.headers(),
-                              timeout)
+        return SpeechResponse(speech, audio_body(speech), content_type, plan.headers(), timeout)
     except BaseException:
         speech.close()
         raise

@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 
 from api.elevenlabs import MAX_CONTEXTS
 from qwen3_tts_gguf.audio_encoding import StreamResampler, s16_to_ulaw, to_s16
-from tests.ws_helpers import KEY, SEED, TIMEOUT, post_speech, serve, short_stream_registries, wait_idle
+from tests.ws_helpers import KEY, SEED, TIMEOUT, httpx, post_speech, serve, short_stream_registries, wait_idle
 
 TEXTS = {"a": "Hello there, this is the first voice.", "b": "And here a second one speaks."}
 
@@ -182,3 +182,42 @@ def test_close_socket_lets_contexts_finish_and_a_client_that_leaves_frees_its_st
         send(ws, text=" A sentence that is never closed because the client", context_id="gone")
         json.loads(ws.recv(timeout=TIMEOUT))  # its first audio: the stream runs; then the client leaves
     assert wait_idle(registry)["active"] == 0
+
+
+# -- the HTTP routes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/text-to-speech/ryan/stream", "/v1/text-to-speech/ryan"])
+def test_the_http_routes_stream_the_speech_routes_audio_in_the_asked_format(server, path):
+    text = TEXTS["b"]
+    reference = post_speech(server, text, seed=SEED).content  # the model's default text mode, as here
+    for output_format in ("pcm_24000", "pcm_16000", "ulaw_8000"):
+        response = httpx.post(f"{server.url}{path}", params={"output_format": output_format},
+                              headers={"xi-api-key": KEY}, timeout=TIMEOUT,
+                              json={"text": text, "model_id": "eleven_multilingual_v2", "seed": SEED,
+                                    "voice_settings": {"stability": 0.4}, "previous_text": None})
+        assert response.status_code == 200, response.text
+        if output_format == "pcm_24000":
+            assert response.content == reference and response.headers["content-type"] == "audio/pcm"
+        else:
+            rate = 16000 if output_format == "pcm_16000" else 8000
+            resampler = StreamResampler(24000, rate)
+            samples = np.frombuffer(reference, "<i2").astype(np.float32) / 32767.0
+            expected = to_s16(np.concatenate([resampler.process(samples), resampler.flush()]))
+            assert response.content == (s16_to_ulaw(expected) if rate == 8000 else expected.astype("<i2").tobytes())
+
+
+@pytest.mark.parametrize("query, body, headers, status, code", [
+    ({"output_format": "mp3_44100_128"}, {"text": "Hi."}, {"xi-api-key": KEY}, 400, "unsupported_output_format"),
+    ({}, {"text": "   "}, {"xi-api-key": KEY}, 400, None),
+    ({}, {"text": "Hi.", "model_id": "no-such-model"}, {"xi-api-key": KEY}, 404, "model_not_found"),
+    ({}, {"text": "Hi.", "seed": -1}, {"xi-api-key": KEY}, 400, None),
+    ({}, {"text": "Hi."}, {"xi-api-key": "wrong"}, 401, "invalid_api_key"),
+    ({}, {"text": "Hi."}, {}, 401, None),
+])
+def test_the_http_routes_refuse_what_they_cannot_serve(server, query, body, headers, status, code):
+    response = httpx.post(f"{server.url}/v1/text-to-speech/ryan/stream", params=query, json=body, headers=headers,
+                          timeout=TIMEOUT)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and (code is None or error["code"] == code)
