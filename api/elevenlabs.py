@@ -19,6 +19,10 @@ each context is one live utterance (`utterance.py`), several may run on one sock
     {"isFinal": true, "contextId": "c1"}               c1's audio is complete (its id may be used again)
     {"error": "<code>", "message": "...", "contextId": "c1"}   OpenAI's error code; the socket stays open
 
+`WS /v1/text-to-speech/{voice}/stream-input`, ElevenLabs' single-context socket, is the same with one
+context: no `context_id`s or `contextId`s, `{"text": ""}` ends the text, and after `{"isFinal": true}`
+the socket closes.
+
 The same service's HTTP routes, `POST /v1/text-to-speech/{voice}` and `.../{voice}/stream` (`{"text",
 "model_id", "language_code", "seed", "voice_settings" (ignored)}`, `?output_format=`), answer with the audio,
 streamed as the speech route streams it (`speech.respond`).
@@ -64,6 +68,8 @@ router = APIRouter(tags=["audio"])
 
 PATH = "/v1/text-to-speech/{voice_id}/multi-stream-input"
 ROUTE = "/v1/text-to-speech/multi-stream-input"
+SINGLE_PATH = "/v1/text-to-speech/{voice_id}/stream-input"
+SINGLE_ROUTE = "/v1/text-to-speech/stream-input"
 MAX_CONTEXTS = 5
 """Contexts open at once on one socket (ElevenLabs' own bound)."""
 DEFAULT_CONTEXT = "default"
@@ -108,6 +114,9 @@ class Connection(SocketConnection):
     """One multi-context socket: its contexts by id, each a live utterance with its own pump."""
 
     protocol_name = "elevenlabs"
+    route = ROUTE
+    single = False
+    """One context, no `contextId`s, the socket closes with it (`SingleStreamConnection`)."""
 
     def __init__(self, websocket: WebSocket, state: AppState, client: str = ""):
         super().__init__(websocket, state, client)
@@ -236,20 +245,24 @@ class Connection(SocketConnection):
 
     async def _pump(self, context: str, utterance: Utterance) -> None:
         async def deliver(data: bytes, _chunk) -> None:
-            await self.send_event({"audio": base64.b64encode(data).decode("ascii"), "isFinal": False,
-                                   "contextId": context, "alignment": None, "normalizedAlignment": None})
+            await self.send_event(self._tagged(context, {"audio": base64.b64encode(data).decode("ascii"),
+                                                          "isFinal": False, "alignment": None,
+                                                          "normalizedAlignment": None}))
 
         ending = Ending("error")
         try:
             ending = await pump(utterance, deliver)
             if ending.error is not None and not utterance.cancelled:
                 await self.send_error(ending.error, {"context_id": context})
-            await self.send_event({"isFinal": True, "contextId": context})
+            await self.send_event(self._tagged(context, {"isFinal": True}))
         finally:
             self.contexts.pop(context, None)
-            record(self.state, utterance, ending, ROUTE)
-            if self.closing and not self.contexts:
-                self.end((1000, "close_socket"))
+            record(self.state, utterance, ending, self.route)
+            if (self.closing or self.single) and not self.contexts:
+                self.end((1000, "close_socket" if self.closing else "done"))
+
+    def _tagged(self, context: str, event: dict[str, Any]) -> dict[str, Any]:
+        return event if self.single else {**event, "contextId": context}
 
 
 class SpeechBody(BaseModel):
@@ -289,10 +302,35 @@ async def text_to_speech(body: SpeechBody, request: Request, voice_id: str = Pat
     return await respond(request, speech, audio.response_format, audio.content_type, pcm_rate=audio.pcm_rate)
 
 
+class SingleStreamConnection(Connection):
+    """ElevenLabs' single-context socket (`stream-input`): one utterance, opened by the first text;
+    `{"text": ""}` ends its text (as `close_socket` does), then its audio, `{"isFinal": true}`, and the
+    socket closes. Events carry no `contextId`."""
+
+    protocol_name = "elevenlabs-stream-input"
+    route = SINGLE_ROUTE
+    single = True
+
+    def kind_of(self, message: dict[str, Any]) -> str:
+        return "close_socket" if message.get("text") == "" else super().kind_of(message)
+
+    def _context_id(self, message: dict[str, Any]) -> str:
+        return DEFAULT_CONTEXT
+
+    def error_event(self, error: APIError, message: dict[str, Any] | None = None) -> dict[str, Any]:
+        return error_message(error)
+
+
 @router.websocket(PATH)
 async def multi_stream_input(websocket: WebSocket) -> None:
     """ElevenLabs' multi-context text-to-speech socket; see the module docstring."""
     await serve_socket(websocket, Connection, subprotocol=None, refusal_event=error_message)
 
 
-__all__ = ["router", "PATH", "Connection", "OutputFormat", "SpeechBody"]
+@router.websocket(SINGLE_PATH)
+async def stream_input(websocket: WebSocket) -> None:
+    """ElevenLabs' single-context text-to-speech socket; see the module docstring."""
+    await serve_socket(websocket, SingleStreamConnection, subprotocol=None, refusal_event=error_message)
+
+
+__all__ = ["router", "PATH", "SINGLE_PATH", "Connection", "SingleStreamConnection", "OutputFormat", "SpeechBody"]

@@ -92,7 +92,8 @@ def test_the_document_says_what_this_server_offers_and_validates_against_its_sch
         "features": ["input_text_buffer", "audio/pcm", "audio/pcmu", "audio/pcma", "progress", "text_normalization"]}
     assert protocols["elevenlabs-multi-context"] == {
         "name": "elevenlabs-multi-context", "path": "/v1/text-to-speech/{voice_id}/multi-stream-input",
-        "subprotocol": None, "version": "v1", "features": ["contexts", "pcm_8000-48000", "ulaw_8000", "alaw_8000"]}
+        "subprotocol": None, "version": "v1",
+        "features": ["contexts", "stream-input", "http", "pcm_8000-48000", "ulaw_8000", "alaw_8000"]}
 
     assert doc["formats"] == list(get_args(ResponseFormat)) == ["mp3", "opus", "aac", "flac", "wav", "pcm"]
     limits = doc["limits"]

@@ -35,9 +35,9 @@ def server(registry):
         yield running
 
 
-def open_socket(server, voice: str = "ryan", key: str | None = KEY, **query):
+def open_socket(server, voice: str = "ryan", key: str | None = KEY, socket: str = "multi-stream-input", **query):
     query = {"model_id": "eleven_flash_v2_5", "seed": SEED, **query}
-    url = (f"ws://{server.host}:{server.port}/v1/text-to-speech/{voice}/multi-stream-input?"
+    url = (f"ws://{server.host}:{server.port}/v1/text-to-speech/{voice}/{socket}?"
            + "&".join(f"{k}={v}" for k, v in query.items()))
     return connect(url, proxy=None, open_timeout=TIMEOUT, additional_headers={"xi-api-key": key} if key else {})
 
@@ -181,6 +181,24 @@ def test_close_socket_lets_contexts_finish_and_a_client_that_leaves_frees_its_st
     with contextlib.closing(open_socket(server)) as ws:
         send(ws, text=" A sentence that is never closed because the client", context_id="gone")
         json.loads(ws.recv(timeout=TIMEOUT))  # its first audio: the stream runs; then the client leaves
+    assert wait_idle(registry)["active"] == 0
+
+
+def test_the_single_context_socket_speaks_until_its_empty_text_then_closes(server, registry):
+    with open_socket(server, socket="stream-input") as ws:
+        send(ws, text=" ", voice_settings={"stability": 0.5}, generation_config={"chunk_length_schedule": [50]})
+        for piece in words(TEXTS["a"]):
+            send(ws, text=piece, try_trigger_generation=True)
+        send(ws, text="")  # the end of the text
+        audio, messages = b"", []
+        with pytest.raises(ConnectionClosed):
+            while True:
+                message = json.loads(ws.recv(timeout=TIMEOUT))
+                messages.append(message)
+                audio += base64.b64decode(message.get("audio") or "")
+    assert ws.close_code == 1000 and messages[-1] == {"isFinal": True}
+    assert all("contextId" not in m for m in messages) and all(m["isFinal"] is False for m in messages[:-1])
+    assert audio == reference_pcm(server, TEXTS["a"])
     assert wait_idle(registry)["active"] == 0
 
 
