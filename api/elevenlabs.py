@@ -10,7 +10,7 @@ each context is one live utterance (`utterance.py`), several may run on one sock
                                                        generation_config are accepted and ignored)
     {"text": "Hello there. ", "context_id": "c1"}      text, spoken as soon as its words are complete (a
                                                        context speaks its texts joined, from the first word)
-    {"text": "", "context_id": "c1"}                   keeps c1 alive (resets its idle time)
+    {"text": "", "context_id": "c1"}                   keeps c1 alive (resets its idle time; opens nothing)
     {"context_id": "c1", "flush": true}                accepted: complete words are spoken without it
     {"context_id": "c1", "close_context": true}        no more text: c1 speaks what it has, then ends
     {"close_socket": true}                             every context likewise, then the socket closes
@@ -193,6 +193,8 @@ class Connection(SocketConnection):
         if not isinstance(text, str):
             raise invalid_request("'text' is a string.", param="text")
         context = self._context_id(message)
+        if not text and context not in self.contexts:
+            return  # a keep-alive (Pipecat sends one with no context): it opens nothing
         utterance = self.contexts.get(context) or await self._open(context)
         if utterance.closed:
             raise invalid_request(f"Context {context!r} was closed: wait for its isFinal, or use another id.",

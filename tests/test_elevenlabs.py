@@ -10,8 +10,10 @@ context ends within a few dozen frames (random weights rarely say EOS).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import functools
 import json
 
 import numpy as np
@@ -239,3 +241,40 @@ def test_the_http_routes_refuse_what_they_cannot_serve(server, query, body, head
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"] and (code is None or error["code"] == code)
+
+
+# -- a published client ---------------------------------------------------------------------------------
+
+
+def test_pipecats_elevenlabs_service_speaks_through_the_socket(server, registry, monkeypatch):
+    """Pipecat's own ElevenLabsTTSService (pipecat-ai), its base URL changed, in a pipeline run by its own
+    test runner: a spoken sentence comes back as audio frames at the pipeline's 16 kHz, between its
+    started and stopped frames (its seed is the server's choice: the bytes are not compared)."""
+    pytest.importorskip("pipecat")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSSpeakFrame, TTSStartedFrame, TTSStoppedFrame
+    from pipecat.pipeline.worker import PipelineParams
+    from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+    from pipecat.tests import utils
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    # its runner takes SIGINT by default, which only the main thread may (the pipeline runs in another)
+    monkeypatch.setattr(utils, "WorkerRunner", functools.partial(utils.WorkerRunner, handle_sigint=False))
+
+    async def speak():
+        service = ElevenLabsTTSService(api_key=KEY, url=f"ws://{server.host}:{server.port}",
+                                       settings=ElevenLabsTTSService.Settings(voice="ryan", model="tts-1"))
+        down, up = await run_test(service, frames_to_send=[TTSSpeakFrame(text=TEXTS["a"]), SleepFrame(sleep=3.0)],
+                                  pipeline_params=PipelineParams(audio_out_sample_rate=16000))
+        return down, up
+
+    with ThreadPoolExecutor(1) as pool:  # a loop of its own (the web console tests keep one in this thread)
+        down, up = pool.submit(asyncio.run, speak()).result(timeout=TIMEOUT)
+    assert not [f for f in [*down, *up] if isinstance(f, ErrorFrame)], [*down, *up]
+    kinds = [type(f) for f in down if isinstance(f, (TTSStartedFrame, TTSAudioRawFrame, TTSStoppedFrame))]
+    assert kinds[0] is TTSStartedFrame and kinds[-1] is TTSStoppedFrame and TTSAudioRawFrame in kinds
+    audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
+    assert all(f.sample_rate == 16000 and f.num_channels == 1 for f in audio)
+    assert sum(len(f.audio) for f in audio) >= 2 * 16000 * 6 // 25  # at least the budget's 6 frames of 80 ms
+    assert wait_idle(registry)["active"] == 0
