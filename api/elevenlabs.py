@@ -25,7 +25,8 @@ the socket closes.
 
 The same service's HTTP routes, `POST /v1/text-to-speech/{voice}` and `.../{voice}/stream` (`{"text",
 "model_id", "language_code", "seed", "voice_settings" (ignored)}`, `?output_format=`), answer with the audio,
-streamed as the speech route streams it (`speech.respond`).
+streamed as the speech route streams it (`speech.respond`); `.../{voice}/stream/with-timestamps` with the
+same audio as base64 in JSON lines (`{"audio_base64", "alignment": null, "normalized_alignment": null}`).
 
 `voice` is any voice `/v1/audio/voices` lists; `model_id` a served model or alias (ElevenLabs' own
 `eleven_*` ids mean the default model); `output_format` `pcm_8000` ... `pcm_48000` (16-bit mono,
@@ -40,9 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,6 +59,7 @@ from .errors import APIError, error_responses, invalid_request
 from .schemas import MAX_ID_CHARS, MAX_INPUT_CHARS, MAX_LANGUAGE_CHARS, MAX_SEED, NOT_BLANK_PATTERN, Identifier
 from .sockets import CLOSE_POLICY_VIOLATION, SocketConnection, serve_socket
 from .speech import respond
+from .streaming import audio_body
 from .state import AppState, get_state
 from .synthesis import LIVE_TEXT, SpeechPlan, plan_speech, speech_body
 from .utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
@@ -287,13 +291,39 @@ _AUDIO_RESPONSES = {
     **error_responses(400, 401, 403, 404, 408, 413, 429, 500, 503)}
 
 
+_FORMAT_QUERY = Query(None, max_length=32, description="pcm_<rate> (8000-48000), ulaw_8000, alaw_8000; "
+                                                      "default pcm_24000")
+_VOICE_PATH = Path(max_length=MAX_ID_CHARS)
+NDJSON = "application/x-ndjson"
+
+
 @router.post("/v1/text-to-speech/{voice_id}/stream", response_class=Response, responses=_AUDIO_RESPONSES)
 @router.post("/v1/text-to-speech/{voice_id}", response_class=Response, responses=_AUDIO_RESPONSES)
-async def text_to_speech(body: SpeechBody, request: Request, voice_id: str = Path(max_length=MAX_ID_CHARS),
-                         output_format: str | None = Query(None, max_length=32,
-                                                           description="pcm_<rate> (8000-48000), ulaw_8000, "
-                                                                       "alaw_8000; default pcm_24000")) -> Response:
+async def text_to_speech(body: SpeechBody, request: Request, voice_id: str = _VOICE_PATH,
+                         output_format: str | None = _FORMAT_QUERY) -> Response:
     """ElevenLabs' text to speech: the audio in `output_format`, streamed as it is made."""
+    return await _speak(request, body, voice_id, output_format)
+
+
+@router.post("/v1/text-to-speech/{voice_id}/stream/with-timestamps", response_class=Response, responses={
+    200: {"description": "one JSON object a line as the audio is made: `audio_base64`, and `alignment`, "
+                         "`normalized_alignment` (null: no character timings here)",
+          "content": {NDJSON: {"schema": {"type": "string"}}}},
+    **error_responses(400, 401, 403, 404, 408, 413, 429, 500, 503)})
+async def text_to_speech_lines(body: SpeechBody, request: Request, voice_id: str = _VOICE_PATH,
+                               output_format: str | None = _FORMAT_QUERY) -> Response:
+    """ElevenLabs' text to speech with timestamps (Pipecat's HTTP service): the audio as base64 in JSON lines."""
+    return await _speak(request, body, voice_id, output_format, json_lines=True)
+
+
+async def _json_lines(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for piece in pieces:
+        yield json.dumps({"audio_base64": base64.b64encode(piece).decode("ascii"), "alignment": None,
+                          "normalized_alignment": None}, separators=(",", ":")).encode() + b"\n"
+
+
+async def _speak(request: Request, body: SpeechBody, voice_id: str, output_format: str | None,
+                 json_lines: bool = False) -> Response:
     registry = get_state(request).registry
     model = body.model_id or registry.default.id
     speech = speech_body({"model": registry.default.id if model.startswith("eleven_") else model, "input": body.text,
@@ -301,6 +331,9 @@ async def text_to_speech(body: SpeechBody, request: Request, voice_id: str = Pat
                           "response_format": "pcm"})
     served = registry.resolve(speech.model)
     audio = OutputFormat.parse(output_format, served.model.sample_rate)
+    if json_lines:
+        return await respond(request, speech, audio.response_format, NDJSON, pcm_rate=audio.pcm_rate,
+                             shape=lambda stream: _json_lines(audio_body(stream)))
     return await respond(request, speech, audio.response_format, audio.content_type, pcm_rate=audio.pcm_rate)
 
 

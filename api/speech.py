@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request, Response
 
@@ -59,10 +60,12 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
 
 
 async def respond(request: Request, body: SpeechRequest, audio_format: str, content_type: str,
-                  pcm_rate: int | None = None) -> Response:
+                  pcm_rate: int | None = None,
+                  shape: Callable[[SpeechStream], AsyncIterator[bytes]] = audio_body) -> Response:
     """The speech route's response for `body`, its audio encoded as `audio_format` (a speech-route format,
-    or G.711; `pcm_rate`: pcm at that rate) and sent as `content_type`: what every HTTP route that speaks
-    (`elevenlabs.py` too) answers with."""
+    or G.711; `pcm_rate`: pcm at that rate) and sent as `content_type`, in the body `shape` makes of the
+    stream (the audio itself by default): what every HTTP route that speaks (`elevenlabs.py` too) answers
+    with."""
     state = get_state(request)
     received_at = getattr(request.state, "received_at", None) or time.monotonic()
     served = model_for_voice(state.registry, body.model, body.voice_id, state.voice_profiles)
@@ -85,7 +88,7 @@ async def respond(request: Request, body: SpeechRequest, audio_format: str, cont
         timeout = state.config.limits.send_timeout_s
         if body.stream_format == "sse":
             return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers(), timeout)
-        return SpeechResponse(speech, audio_body(speech), content_type, plan.headers(), timeout)
+        return SpeechResponse(speech, shape(speech), content_type, plan.headers(), timeout)
     except BaseException:
         speech.close()
         raise

@@ -15,6 +15,7 @@ import base64
 import contextlib
 import functools
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -207,7 +208,8 @@ def test_the_single_context_socket_speaks_until_its_empty_text_then_closes(serve
 # -- the HTTP routes ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/v1/text-to-speech/ryan/stream", "/v1/text-to-speech/ryan"])
+@pytest.mark.parametrize("path", ["/v1/text-to-speech/ryan/stream", "/v1/text-to-speech/ryan",
+                                  "/v1/text-to-speech/ryan/stream/with-timestamps"])
 def test_the_http_routes_stream_the_speech_routes_audio_in_the_asked_format(server, path):
     text = TEXTS["b"]
     reference = post_speech(server, text, seed=SEED).content  # the model's default text mode, as here
@@ -217,14 +219,19 @@ def test_the_http_routes_stream_the_speech_routes_audio_in_the_asked_format(serv
                               json={"text": text, "model_id": "eleven_multilingual_v2", "seed": SEED,
                                     "voice_settings": {"stability": 0.4}, "previous_text": None})
         assert response.status_code == 200, response.text
+        content = response.content
+        if path.endswith("with-timestamps"):  # JSON lines of base64 audio
+            lines = [json.loads(line) for line in content.splitlines()]
+            assert all(set(line) == {"audio_base64", "alignment", "normalized_alignment"} for line in lines)
+            content = b"".join(base64.b64decode(line["audio_base64"]) for line in lines)
         if output_format == "pcm_24000":
-            assert response.content == reference and response.headers["content-type"] == "audio/pcm"
+            assert content == reference
         else:
             rate = 16000 if output_format == "pcm_16000" else 8000
             resampler = StreamResampler(24000, rate)
             samples = np.frombuffer(reference, "<i2").astype(np.float32) / 32767.0
             expected = to_s16(np.concatenate([resampler.process(samples), resampler.flush()]))
-            assert response.content == (s16_to_ulaw(expected) if rate == 8000 else expected.astype("<i2").tobytes())
+            assert content == (s16_to_ulaw(expected) if rate == 8000 else expected.astype("<i2").tobytes())
 
 
 @pytest.mark.parametrize("query, body, headers, status, code", [
@@ -246,28 +253,33 @@ def test_the_http_routes_refuse_what_they_cannot_serve(server, query, body, head
 # -- a published client ---------------------------------------------------------------------------------
 
 
-def test_pipecats_elevenlabs_service_speaks_through_the_socket(server, registry, monkeypatch):
-    """Pipecat's own ElevenLabsTTSService (pipecat-ai), its base URL changed, in a pipeline run by its own
-    test runner: a spoken sentence comes back as audio frames at the pipeline's 16 kHz, between its
-    started and stopped frames (its seed is the server's choice: the bytes are not compared)."""
+@pytest.mark.parametrize("service_name", ["ElevenLabsTTSService", "ElevenLabsHttpTTSService"])
+def test_pipecats_elevenlabs_services_speak_here(server, registry, monkeypatch, service_name):
+    """Pipecat's own ElevenLabs services (pipecat-ai), their address changed, in a pipeline run by its own
+    test runner: the socket service (tokens in as they come) and the HTTP one (`/stream/with-timestamps`).
+    A spoken sentence comes back as audio frames at the pipeline's 16 kHz between the started and stopped
+    frames (their seed is the server's choice: the bytes are not compared)."""
     pytest.importorskip("pipecat")
-    from concurrent.futures import ThreadPoolExecutor
-
+    import aiohttp
     from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSSpeakFrame, TTSStartedFrame, TTSStoppedFrame
     from pipecat.pipeline.worker import PipelineParams
-    from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+    from pipecat.services.elevenlabs import tts
     from pipecat.tests import utils
     from pipecat.tests.utils import SleepFrame, run_test
 
     # its runner takes SIGINT by default, which only the main thread may (the pipeline runs in another)
     monkeypatch.setattr(utils, "WorkerRunner", functools.partial(utils.WorkerRunner, handle_sigint=False))
+    service_class = getattr(tts, service_name)
+    settings = service_class.Settings(voice="ryan", model="tts-1")
 
     async def speak():
-        service = ElevenLabsTTSService(api_key=KEY, url=f"ws://{server.host}:{server.port}",
-                                       settings=ElevenLabsTTSService.Settings(voice="ryan", model="tts-1"))
-        down, up = await run_test(service, frames_to_send=[TTSSpeakFrame(text=TEXTS["a"]), SleepFrame(sleep=3.0)],
+        async with aiohttp.ClientSession() as session:
+            if service_class is tts.ElevenLabsTTSService:
+                service = service_class(api_key=KEY, url=f"ws://{server.host}:{server.port}", settings=settings)
+            else:
+                service = service_class(api_key=KEY, base_url=server.url, aiohttp_session=session, settings=settings)
+            return await run_test(service, frames_to_send=[TTSSpeakFrame(text=TEXTS["a"]), SleepFrame(sleep=3.0)],
                                   pipeline_params=PipelineParams(audio_out_sample_rate=16000))
-        return down, up
 
     with ThreadPoolExecutor(1) as pool:  # a loop of its own (the web console tests keep one in this thread)
         down, up = pool.submit(asyncio.run, speak()).result(timeout=TIMEOUT)
