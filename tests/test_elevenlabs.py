@@ -10,12 +10,10 @@ context ends within a few dozen frames (random weights rarely say EOS).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import functools
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -24,7 +22,8 @@ from websockets.sync.client import connect
 
 from api.elevenlabs import MAX_CONTEXTS
 from qwen3_tts_gguf.audio_encoding import StreamResampler, s16_to_ulaw, to_s16
-from tests.ws_helpers import KEY, SEED, TIMEOUT, httpx, post_speech, serve, short_stream_registries, wait_idle
+from tests.ws_helpers import KEY, SEED, TIMEOUT, httpx, post_speech, run_async, serve, short_stream_registries, \
+    wait_idle
 
 TEXTS = {"a": "Hello there, this is the first voice.", "b": "And here a second one speaks."}
 
@@ -281,8 +280,7 @@ def test_pipecats_elevenlabs_services_speak_here(server, registry, monkeypatch, 
             return await run_test(service, frames_to_send=[TTSSpeakFrame(text=TEXTS["a"]), SleepFrame(sleep=3.0)],
                                   pipeline_params=PipelineParams(audio_out_sample_rate=16000))
 
-    with ThreadPoolExecutor(1) as pool:  # a loop of its own (the web console tests keep one in this thread)
-        down, up = pool.submit(asyncio.run, speak()).result(timeout=TIMEOUT)
+    down, up = run_async(speak())
     assert not [f for f in [*down, *up] if isinstance(f, ErrorFrame)], [*down, *up]
     kinds = [type(f) for f in down if isinstance(f, (TTSStartedFrame, TTSAudioRawFrame, TTSStoppedFrame))]
     assert kinds[0] is TTSStartedFrame and kinds[-1] is TTSStoppedFrame and TTSAudioRawFrame in kinds

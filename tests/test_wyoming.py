@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -28,7 +27,7 @@ from api.lifecycle import PROCESS
 from api.limits import ServerLimits
 from api.testing import ServerThread
 from qwen3_tts_gguf.cli import build_parser
-from tests.ws_helpers import KEY, TIMEOUT, httpx, short_stream_registries, wait_idle
+from tests.ws_helpers import KEY, httpx, run_async, short_stream_registries, wait_idle
 
 SAMPLES_PER_FRAME = 1920
 
@@ -49,13 +48,6 @@ def serve(registry, **limits) -> Iterator[tuple[ServerThread, int]]:
 def server(registry):
     with serve(registry) as running:
         yield running
-
-
-def run(coro):
-    """`coro` to its end on an event loop of its own thread: a session fixture (Playwright's, for the
-    web console tests) may keep a loop running in this one."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, asyncio.wait_for(coro, TIMEOUT)).result()
 
 
 async def read_until(client: AsyncTcpClient, *types: str) -> list[Event]:
@@ -83,7 +75,7 @@ def test_describe_offers_the_voices_of_the_http_listing_in_language_codes(server
             await client.write_event(Describe().event())
             return Info.from_event(await client.read_event())
 
-    info = run(describe())
+    info = run_async(describe())
     assert len(info.tts) == 1 and info.tts[0].supports_synthesize_streaming and info.tts[0].installed
     listed = httpx.get(f"{http.url}/v1/audio/voices", headers={"Authorization": f"Bearer {KEY}"}).json()["voices"]
     assert [v.name for v in info.tts[0].voices] == [v["id"] for v in listed]
@@ -105,7 +97,7 @@ def test_synthesize_sends_pcm_between_audio_start_and_audio_stop_and_the_connect
             await client.write_event(Ping(text="still there?").event())
             return runs, Pong.from_event(await client.read_event())
 
-    runs, pong = run(two_syntheses())
+    runs, pong = run_async(two_syntheses())
     assert pong.text == "still there?"
     for events in runs:
         assert AudioStart.is_type(events[0].type) and AudioStop.is_type(events[-1].type)
@@ -130,7 +122,7 @@ def test_streamed_text_is_spoken_and_ends_with_synthesize_stopped(server, regist
             await client.write_event(SynthesizeStop().event())
             return await read_until(client, SynthesizeStopped().event().type)
 
-    events = run(stream())
+    events = run_async(stream())
     types = [e.type for e in events]
     assert types[0] == "audio-start" and types[-2:] == ["audio-stop", "synthesize-stopped"]
     assert set(types[1:-2]) == {"audio-chunk"} and types.count("audio-stop") == 1
@@ -173,7 +165,7 @@ def line(event: dict) -> bytes:
 ])
 def test_a_bad_event_is_an_error_then_the_connection_closes_and_the_server_serves_on(server, registry, raw, code):
     _, port = server
-    error, closed = run(refused_with(port, raw))
+    error, closed = run_async(refused_with(port, raw))
     assert error.code == code and error.text and closed
 
     async def describe():
@@ -181,7 +173,7 @@ def test_a_bad_event_is_an_error_then_the_connection_closes_and_the_server_serve
             await client.write_event(Describe().event())
             return await client.read_event()
 
-    assert Info.is_type(run(describe()).type)
+    assert Info.is_type(run_async(describe()).type)
     assert wait_idle(registry)["active"] == 0
 
 
@@ -194,7 +186,7 @@ def test_a_client_that_leaves_mid_synthesis_frees_its_stream(own_registry):
                 await client.write_event(SynthesizeChunk(text="A sentence that never ends because").event())
                 return await client.read_event()  # then gone, the text never stopped
 
-        first = run(leave())
+        first = run_async(leave())
         assert first is None or AudioStart.is_type(first.type)
         assert wait_idle(registry)["active"] == 0
 
@@ -212,7 +204,7 @@ def test_idle_connections_and_socket_counts_are_bounded(own_registry):
                 w.close()
             return idle_closed, third
 
-        idle_closed, (error, closed) = run(idle_then_crowded())
+        idle_closed, (error, closed) = run_async(idle_then_crowded())
         assert idle_closed and error.code == "too_many_sockets" and closed
 
 
@@ -220,7 +212,7 @@ def test_a_draining_server_refuses_new_wyoming_connections(server):
     _, port = server
     PROCESS.draining = True
     try:
-        error, closed = run(refused_with(port))
+        error, closed = run_async(refused_with(port))
     finally:
         PROCESS.draining = False
     assert error.code == "unavailable" and "draining" in error.text and closed

@@ -7,11 +7,13 @@ purpose); they call the factories here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,8 @@ from qwen3_tts_gguf.model import EngineSettings
 
 __all__ = ["FRAMES", "KEY", "SAMPLES_PER_FRAME", "SEED", "TEXT", "TIMEOUT", "ClientConnection", "ServerThread",
            "event", "eventually", "expect_error", "httpx", "loaded_registry", "open_from", "open_ws",
-           "post_speech", "refused", "say_and_stop", "send", "serve", "short_stream_registries", "speak_live", "start",
-           "until_done", "wait_idle", "whole_text_pcm", "ws_settings", "ws_url"]
+           "post_speech", "refused", "run_async", "say_and_stop", "send", "serve", "short_stream_registries",
+           "speak_live", "start", "until_done", "wait_idle", "whole_text_pcm", "ws_settings", "ws_url"]
 
 KEY = "test-key"
 TEXT = "Hello there, this is a live streaming test of words."
@@ -81,6 +83,13 @@ def short_stream_registries(max_streams: int, max_pending: int) -> tuple[Callabl
             yield registry
 
     return pytest.fixture(scope="module", name="registry")(load), pytest.fixture(name="own_registry")(load)
+
+
+def run_async(coro: Any, timeout: float = TIMEOUT) -> Any:
+    """Run `coro` to its end (within `timeout`) on an event loop of its own thread: the web console
+    tests' session-scoped Playwright keeps a loop running in the main thread."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout)).result()
 
 
 def wait_idle(registry: ModelRegistry, timeout: float = 10.0) -> dict:
