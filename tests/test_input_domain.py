@@ -224,6 +224,9 @@ def openapi(registry) -> dict:
 
 EXPECTED_ERRORS = {
     ("post", "/v1/audio/speech"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
+    ("post", "/v1/text-to-speech/{voice_id}"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
+    ("post", "/v1/text-to-speech/{voice_id}/stream"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
+    ("post", "/v1/text-to-speech/{voice_id}/stream/with-timestamps"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
     ("get", "/v1/models"): {400, 401},
     ("get", "/v1/capabilities"): {400, 401},
     ("get", "/v1/models/{model_id}"): {400, 401, 404},
