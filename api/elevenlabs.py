@@ -56,6 +56,7 @@ from qwen3_tts_gguf.audio_encoding import G711_MIME_TYPES
 
 from .clients import client_of
 from .errors import APIError, error_responses, invalid_request
+from .registry import ModelRegistry
 from .schemas import MAX_ID_CHARS, MAX_INPUT_CHARS, MAX_LANGUAGE_CHARS, MAX_SEED, NOT_BLANK_PATTERN, Identifier
 from .sockets import CLOSE_POLICY_VIOLATION, SocketConnection, serve_socket
 from .speech import respond
@@ -109,6 +110,11 @@ class OutputFormat:
         return cls(name, "pcm", None if rate == model_rate else rate)
 
 
+def served_model_id(model_id: str | None, registry: ModelRegistry) -> str:
+    """The served model a `model_id` names: ElevenLabs' own `eleven_*` ids (and none) mean the default."""
+    return registry.default.id if not model_id or model_id.startswith("eleven_") else model_id
+
+
 def error_message(error: APIError, context: str | None = None) -> dict[str, Any]:
     """`{"error": code, "message": text[, "contextId"]}`: the code is OpenAI's, as over HTTP."""
     return {"error": error.code or error.type, "message": error.message, **({"contextId": context} if context else {})}
@@ -134,10 +140,8 @@ class Connection(SocketConnection):
 
     def _plan_from_handshake(self) -> tuple[SpeechPlan, OutputFormat]:
         query, registry = self.ws.query_params, self.state.registry
-        model = query.get("model_id") or registry.default.id
-        if model.startswith("eleven_"):
-            model = registry.default.id
-        fields: dict[str, Any] = {"voice": self.ws.path_params["voice_id"], "model": model,
+        fields: dict[str, Any] = {"voice": self.ws.path_params["voice_id"],
+                                  "model": served_model_id(query.get("model_id"), registry),
                                   "language": language_of(query.get("language_code"))}
         if query.get("seed") is not None:
             if not query["seed"].isdigit():
@@ -325,10 +329,8 @@ async def _json_lines(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 async def _speak(request: Request, body: SpeechBody, voice_id: str, output_format: str | None,
                  json_lines: bool = False) -> Response:
     registry = get_state(request).registry
-    model = body.model_id or registry.default.id
-    speech = speech_body({"model": registry.default.id if model.startswith("eleven_") else model, "input": body.text,
-                          "voice": voice_id, "language": language_of(body.language_code), "seed": body.seed,
-                          "response_format": "pcm"})
+    speech = speech_body({"model": served_model_id(body.model_id, registry), "input": body.text, "voice": voice_id,
+                          "language": language_of(body.language_code), "seed": body.seed, "response_format": "pcm"})
     served = registry.resolve(speech.model)
     audio = OutputFormat.parse(output_format, served.model.sample_rate)
     if json_lines:
