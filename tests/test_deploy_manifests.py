@@ -4,6 +4,7 @@ volumes, images and settings agree with each other and with the server. No clust
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -39,7 +40,8 @@ def render(folder: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    return {**{name: render(KUBE / "overlays" / name) for name in OVERLAYS}, "model-pull": render(KUBE / "model-pull")}
+    return {**{name: render(KUBE / "overlays" / name) for name in (*OVERLAYS, "wyoming")},
+            "model-pull": render(KUBE / "model-pull")}
 
 
 def one(docs: list[dict], kind: str, name: str = NAME) -> dict:
@@ -224,6 +226,36 @@ def test_autoscaler_required_fields(rendered, overlay):
     server_env = env_of(container(one(docs, "Deployment")["spec"]["template"]["spec"], "server"))
     threshold = float(meta["threshold"])
     assert 0 < threshold <= int(server_env["QTTS_MAX_STREAMS"])
+
+
+def test_wyoming_overlay_is_the_cpu_overlay_plus_its_port_and_service(rendered):
+    """overlays/wyoming adds exactly Wyoming's setting, its container port and a Service of its own
+    that reaches that port on the server pods; everything else is the CPU overlay's."""
+    cpu, wyoming = copy.deepcopy(rendered["cpu"]), copy.deepcopy(rendered["wyoming"])
+    deployment = one(wyoming, "Deployment")
+    server = container(deployment["spec"]["template"]["spec"], "server")
+    env = env_of(server)
+    port = int(env["QTTS_WYOMING_PORT"])
+    assert "--wyoming-port" in serve_flags() and "QTTS_WYOMING_HOST" not in env  # it binds QTTS_HOST's 0.0.0.0
+    assert {p["name"]: p["containerPort"] for p in server["ports"]} == {"http": PORT, "wyoming": port}
+
+    service = one(wyoming, "Service", f"{NAME}-wyoming")
+    assert service["spec"]["ports"] == [{"name": "wyoming", "port": port, "targetPort": "wyoming", "protocol": "TCP"}]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP", "no API key on Wyoming: exposing it is a choice"
+
+    # the rest is the CPU overlay, object for object
+    server["env"] = [e for e in server["env"] if e["name"] != "QTTS_WYOMING_PORT"]
+    server["ports"] = [p for p in server["ports"] if p["name"] != "wyoming"]
+
+    def normal(docs: list[dict]) -> list[dict]:
+        """The objects in one order, each container's env in one order (patches put theirs first)."""
+        for doc in docs:
+            for c in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+                c.get("env", []).sort(key=lambda e: e["name"])
+        return sorted(docs, key=lambda d: (d["kind"], d["metadata"]["name"]))
+
+    assert normal([d for d in wyoming if d is not service]) == normal(cpu)
 
 
 def test_model_pull_job_fills_what_the_deployment_serves(rendered, tmp_path):
