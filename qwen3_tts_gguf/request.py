@@ -75,8 +75,7 @@ class TextProgress:
 class AudioChunk:
     """float32 samples at the model's rate for frames [first_frame, first_frame + n_frames).
 
-    progress: the text's progress as of the chunk's last frame (streaming text mode and live
-    text only; None otherwise)."""
+    progress: the text's progress as of the chunk's last frame (None only where progress failed)."""
 
     samples: np.ndarray
     first_frame: int

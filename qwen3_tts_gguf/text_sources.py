@@ -79,7 +79,8 @@ class FixedText:
     `prefill_sizes` are the prefill rows of every segment (exact for the first, an upper bound
     for the others), so the engine can reserve a stream's worst case before it starts.
     `text`: the input and what is spoken for it (the segments split `text.text`); progress is
-    reported per frame when `streaming`, and finally in every mode."""
+    reported per frame and finally in every text mode (non-streaming: each segment's text is all
+    read by its prefill, so only the spoken estimate moves)."""
 
     def __init__(self, segments: list[str], tokens: list[int], prefill_sizes: list[int],
                  build: Callable[[str], Prompt], prepare: Callable[[str], Future],
@@ -105,13 +106,12 @@ class FixedText:
 
     @property
     def progress(self) -> TextProgress | None:
-        """As of the last frame made (streaming text mode; None otherwise)."""
-        return self._progress.last if self._streaming and not self._progress.failed else None
+        """As of the last frame made."""
+        return None if self._progress.failed else self._progress.last
 
     def frame_made(self, frames: int) -> None:
         """The current segment has made `frames` frames (the last one just now)."""
-        if self._streaming:
-            self._progress.guard(lambda: self._frame_made(frames))
+        self._progress.guard(lambda: self._frame_made(frames))
 
     def _frame_made(self, frames: int) -> None:
         p = self.prompt

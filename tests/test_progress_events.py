@@ -85,16 +85,16 @@ def sse(server, **fields) -> list[dict]:
     return [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
 
 
-def test_sse_progress_in_the_streaming_text_mode_and_only_the_final_one_otherwise(server):
-    events = sse(server, progress=True, text_mode="streaming", speed=1.25)
+@pytest.mark.parametrize("text_mode", ["streaming", "non-streaming"])
+def test_sse_progress_after_each_delta_in_both_text_modes_only_when_asked(server, text_mode):
+    events = sse(server, progress=True, text_mode=text_mode, speed=1.25)
     audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
     progress = [e for e in events if e["type"] == "speech.progress"]
     check_progress(progress, TEXT, len(audio), speed=1.25)
     assert len(progress) > 2 and events[-1]["type"] == "speech.audio.done" and events[-2] == progress[-1]
-
-    events = sse(server, progress=True, text_mode="non-streaming")
-    assert [e["basis"] for e in events if e["type"] == "speech.progress"] == ["final"]
-    assert not [e for e in sse(server, text_mode="streaming") if e["type"] == "speech.progress"]
+    if text_mode == "non-streaming":  # the prefill read the whole text
+        assert {e["text_fed_end"] for e in progress} == {len(TEXT)}
+    assert not [e for e in sse(server, text_mode=text_mode) if e["type"] == "speech.progress"]
 
 
 def test_realtime_progress_extension(server):

@@ -14,6 +14,7 @@ from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling, TextProgres
 from qwen3_tts_gguf.sampler import SamplingParams
 from qwen3_tts_gguf.scheduler import Engine
 from qwen3_tts_gguf.text_normalization import normalize_text
+from qwen3_tts_gguf.text_sources import SPOKEN_FRAMES_PER_TOKEN
 from qwen3_tts_gguf.text_segments import locate_segments
 from qwen3_tts_gguf.tokenizer import bytes_to_unicode
 
@@ -104,9 +105,22 @@ def test_a_token_ending_inside_a_character_does_not_count_it(engine):
     assert ends.count(family + 1) == 2  # 👨's last byte, then the first of the ZWJ's two tokens
 
 
-def test_non_streaming_mode_gives_final_values_only(engine):
+def test_non_streaming_mode_has_read_all_its_text_and_estimates_the_spoken_part(engine):
+    """The prefill reads the whole text: every chunk's fed end is the text's end; the spoken
+    estimate is the text of the first frames / SPOKEN_FRAMES_PER_TOKEN tokens, as in streaming."""
     stream = engine.submit(request(TEXT, mode="non-streaming"))
-    assert all(c.progress is None for c in stream)
+    chunks = list(stream)
+    ids = engine.model.prompts.text_ids(TEXT)
+    progress = [c.progress for c in chunks]
+    check_monotonic(progress)
+    assert {p.text_fed_end for p in progress} == {len(TEXT)}
+
+    def spoken(chunk) -> int:
+        n = min(len(ids), (last_frame(chunk) + 1) // SPOKEN_FRAMES_PER_TOKEN)
+        return len(TEXT) if n == len(ids) else complete_chars(engine, ids[:n])
+
+    assert [p.spoken_end_estimate for p in progress] == [spoken(c) for c in chunks]
+    assert progress[0].spoken_end_estimate == 0 < progress[-1].spoken_end_estimate
     assert stream.result.progress == TextProgress(len(TEXT), len(TEXT), "final")
 
 
