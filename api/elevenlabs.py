@@ -15,7 +15,8 @@ each context is one live utterance (`utterance.py`), several may run on one sock
     {"context_id": "c1", "close_context": true}        no more text: c1 speaks what it has, then ends
     {"close_socket": true}                             every context likewise, then the socket closes
     server -> client
-    {"audio": "<base64>", "isFinal": false, "contextId": "c1", "alignment": null, "normalizedAlignment": null}
+    {"audio": "<base64>", "isFinal": false, "contextId": "c1", "alignment": {...}, "normalizedAlignment": {...}}
+                                                       audio, with the characters it carried (or null)
     {"isFinal": true, "contextId": "c1"}               c1's audio is complete (its id may be used again)
     {"error": "<code>", "message": "...", "contextId": "c1"}   OpenAI's error code; the socket stays open
 
@@ -26,7 +27,11 @@ the socket closes.
 The same service's HTTP routes, `POST /v1/text-to-speech/{voice}` and `.../{voice}/stream` (`{"text",
 "model_id", "language_code", "seed", "voice_settings" (ignored)}`, `?output_format=`), answer with the audio,
 streamed as the speech route streams it (`speech.respond`); `.../{voice}/stream/with-timestamps` with the
-same audio as base64 in JSON lines (`{"audio_base64", "alignment": null, "normalized_alignment": null}`).
+same audio as base64 in JSON lines (`{"audio_base64", "alignment", "normalized_alignment"}`).
+
+Character timings (`alignment`, and `normalizedAlignment` the same: the text as sent) are estimates
+from the engine's text progress (`alignment.py`), not a forced alignment; characters the estimate
+had not reached when the audio ended come in a last message with empty audio.
 
 `voice` is any voice `/v1/audio/voices` lists; `model_id` a served model or alias (ElevenLabs' own
 `eleven_*` ids mean the default model); `output_format` `pcm_8000` ... `pcm_48000` (16-bit mono,
@@ -53,14 +58,16 @@ from fastapi import APIRouter, Path, Query, Request, Response, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from qwen3_tts_gguf.audio_encoding import G711_MIME_TYPES
+from qwen3_tts_gguf.request import AudioChunk, SynthesisResult, TextProgress
 
+from .alignment import CharTimeline, TimedChars
 from .clients import client_of
 from .errors import APIError, error_responses, invalid_request
 from .registry import ModelRegistry
 from .schemas import MAX_ID_CHARS, MAX_INPUT_CHARS, MAX_LANGUAGE_CHARS, MAX_SEED, NOT_BLANK_PATTERN, Identifier
 from .sockets import CLOSE_POLICY_VIOLATION, SocketConnection, serve_socket
 from .speech import respond
-from .streaming import audio_body
+from .streaming import SpeechStream
 from .state import AppState, get_state
 from .synthesis import LIVE_TEXT, SpeechPlan, plan_speech, speech_body
 from .utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
@@ -91,6 +98,11 @@ class OutputFormat:
     name: str
     response_format: str  # pcm, pcmu or pcma
     pcm_rate: int | None  # pcm resampled to this rate (None: the model's own)
+    bytes_per_second: int
+
+    def seconds(self, data: bytes) -> float:
+        """The audio in `data`, in seconds."""
+        return len(data) / self.bytes_per_second
 
     @property
     def content_type(self) -> str:
@@ -100,14 +112,14 @@ class OutputFormat:
     def parse(cls, name: str | None, model_rate: int) -> OutputFormat:
         name = name or f"pcm_{model_rate}"
         if name in G711:
-            return cls(name, G711[name], None)
+            return cls(name, G711[name], None, 8000)
         match = _FORMAT.fullmatch(name)
         if match is None or int(match[1]) not in PCM_RATES:
             raise invalid_request(f"output_format {name[:40]!r} is not served here: use pcm_<rate> (rates "
                                   f"{', '.join(map(str, PCM_RATES))}), ulaw_8000 or alaw_8000.",
                                   param="output_format", code="unsupported_output_format")
         rate = int(match[1])
-        return cls(name, "pcm", None if rate == model_rate else rate)
+        return cls(name, "pcm", None if rate == model_rate else rate, 2 * rate)
 
 
 def served_model_id(model_id: str | None, registry: ModelRegistry) -> str:
@@ -131,6 +143,8 @@ class Connection(SocketConnection):
     def __init__(self, websocket: WebSocket, state: AppState, client: str = ""):
         super().__init__(websocket, state, client)
         self.contexts: dict[str, Utterance] = {}
+        self.timelines: dict[str, CharTimeline] = {}
+        """Each context's text and the characters its audio has carried (`alignment.py`)."""
         self.closing = False
         self.problem: APIError | None = None
         try:
@@ -212,6 +226,7 @@ class Connection(SocketConnection):
         if text:
             utterance.check_text(text, self.limits)
             utterance.push(text)
+            self.timelines[context].text += text
         else:
             utterance.last_text_at = time.monotonic()  # a keep-alive
 
@@ -249,30 +264,51 @@ class Connection(SocketConnection):
         utterance = await open_utterance(client_of(self.ws), self.state, plan, self.format.response_format, 1.0,
                                          live=True, pcm_rate=self.format.pcm_rate)
         self.contexts[context] = utterance
+        self.timelines[context] = CharTimeline()
         utterance.pump = asyncio.create_task(self._pump(context, utterance), name=f"11l-pump-{context[:16]}")
         start_watch(utterance, self.limits)
         return utterance
 
     async def _pump(self, context: str, utterance: Utterance) -> None:
-        async def deliver(data: bytes, _chunk) -> None:
+        timeline = self.timelines[context]
+
+        async def send_audio(data: bytes, timed: TimedChars) -> None:
+            alignment = timed.socket_shape()
             await self.send_event(self._tagged(context, {"audio": base64.b64encode(data).decode("ascii"),
-                                                          "isFinal": False, "alignment": None,
-                                                          "normalizedAlignment": None}))
+                                                          "isFinal": False, "alignment": alignment,
+                                                          "normalizedAlignment": alignment}))
+
+        async def deliver(data: bytes, chunk: AudioChunk | None) -> None:
+            # the encoder's tail (chunk None) comes after the engine's result: it carries the rest
+            end = _spoken_end(chunk.progress if chunk is not None else _final(utterance.stream.result))
+            await send_audio(data, timeline.piece(self.format.seconds(data), end))
 
         ending = Ending("error")
         try:
             ending = await pump(utterance, deliver)
+            rest = timeline.rest(_spoken_end(_final(utterance.stream.result)))
+            if rest.chars and not utterance.cancelled:
+                await send_audio(b"", rest)
             if ending.error is not None and not utterance.cancelled:
                 await self.send_error(ending.error, {"context_id": context})
             await self.send_event(self._tagged(context, {"isFinal": True}))
         finally:
             self.contexts.pop(context, None)
+            self.timelines.pop(context, None)
             record(self.state, utterance, ending, self.route)
             if (self.closing or self.single) and not self.contexts:
                 self.end((1000, "close_socket" if self.closing else "done"))
 
     def _tagged(self, context: str, event: dict[str, Any]) -> dict[str, Any]:
         return event if self.single else {**event, "contextId": context}
+
+
+def _final(result: SynthesisResult | None) -> TextProgress | None:
+    return None if result is None else result.progress
+
+
+def _spoken_end(progress: TextProgress | None) -> int | None:
+    return None if progress is None else progress.spoken_end_estimate
 
 
 class SpeechBody(BaseModel):
@@ -311,7 +347,7 @@ async def text_to_speech(body: SpeechBody, request: Request, voice_id: str = _VO
 
 @router.post("/v1/text-to-speech/{voice_id}/stream/with-timestamps", response_class=Response, responses={
     200: {"description": "one JSON object a line as the audio is made: `audio_base64`, and `alignment`, "
-                         "`normalized_alignment` (null: no character timings here)",
+                         "`normalized_alignment` (the characters it carried, times estimated; or null)",
           "content": {NDJSON: {"schema": {"type": "string"}}}},
     **error_responses(400, 401, 403, 404, 408, 413, 429, 500, 503)})
 async def text_to_speech_lines(body: SpeechBody, request: Request, voice_id: str = _VOICE_PATH,
@@ -320,10 +356,21 @@ async def text_to_speech_lines(body: SpeechBody, request: Request, voice_id: str
     return await _speak(request, body, voice_id, output_format, json_lines=True)
 
 
-async def _json_lines(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    async for piece in pieces:
-        yield json.dumps({"audio_base64": base64.b64encode(piece).decode("ascii"), "alignment": None,
-                          "normalized_alignment": None}, separators=(",", ":")).encode() + b"\n"
+async def _json_lines(speech: SpeechStream, text: str, audio: OutputFormat) -> AsyncIterator[bytes]:
+    """The audio as base64 in JSON lines, each with the characters it carried (`alignment.py`); those
+    the estimate had not reached when the audio ended, in a last line with no audio."""
+    timeline = CharTimeline(text)
+    async for piece in speech.audio_pieces():
+        yield _json_line(piece, timeline.piece(audio.seconds(piece), _spoken_end(speech.piece_progress())))
+    rest = timeline.rest(_spoken_end(speech.result_progress()))
+    if rest.chars:
+        yield _json_line(b"", rest)
+
+
+def _json_line(piece: bytes, timed: TimedChars) -> bytes:
+    alignment = timed.http_shape()
+    return json.dumps({"audio_base64": base64.b64encode(piece).decode("ascii"), "alignment": alignment,
+                       "normalized_alignment": alignment}, separators=(",", ":")).encode() + b"\n"
 
 
 async def _speak(request: Request, body: SpeechBody, voice_id: str, output_format: str | None,
@@ -335,7 +382,7 @@ async def _speak(request: Request, body: SpeechBody, voice_id: str, output_forma
     audio = OutputFormat.parse(output_format, served.model.sample_rate)
     if json_lines:
         return await respond(request, speech, audio.response_format, NDJSON, pcm_rate=audio.pcm_rate,
-                             shape=lambda stream: _json_lines(audio_body(stream)))
+                             shape=lambda stream: _json_lines(stream, body.text, audio))
     return await respond(request, speech, audio.response_format, audio.content_type, pcm_rate=audio.pcm_rate)
 
 

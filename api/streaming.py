@@ -37,7 +37,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
-from qwen3_tts_gguf.request import AudioChunk
+from qwen3_tts_gguf.request import AudioChunk, TextProgress
 from qwen3_tts_gguf.scheduler import Stream
 
 from . import logs
@@ -216,6 +216,15 @@ class SpeechStream:
         if not self.progress:
             return None
         return chunk_progress(self._last_chunk, self._samples / self._sample_rate, self.speed)
+
+    def piece_progress(self) -> TextProgress | None:
+        """The engine's text progress as of the piece just yielded (the encoder's tail: the final one)."""
+        return self._last_chunk.progress if self._last_chunk is not None else self.result_progress()
+
+    def result_progress(self) -> TextProgress | None:
+        """The engine's final text progress (None before the stream has ended)."""
+        result = self._stream.result
+        return None if result is None else result.progress
 
     def final_progress(self) -> dict | None:
         """The last progress event's fields (basis "final"), when asked for."""

@@ -1,9 +1,11 @@
-"""LiveKit Agents' own TTS plugins (livekit-plugins-openai, livekit-plugins-elevenlabs 1.8.9) against a
-real server, their base URL changed as docs/integrations.md says: the OpenAI plugin's one-shot request
-in both of its shapes (`tts-1`: the audio itself; other model names: SSE events), the ElevenLabs
-plugin's token stream (the multi-context socket) and its one-shot request (`/stream`).
+"""Voice-agent frameworks' own TTS services against a real server, their base URL changed as
+docs/integrations.md says. LiveKit Agents' plugins (livekit-plugins-openai, livekit-plugins-elevenlabs
+1.8.9): the OpenAI plugin's one-shot request in both of its shapes (`tts-1`: the audio itself; other
+model names: SSE events), the ElevenLabs plugin's token stream (the multi-context socket) and its
+one-shot request (`/stream`). Pipecat's OpenAITTSService (pipecat-ai 1.14; its ElevenLabs services:
+tests/test_elevenlabs.py).
 
-Each run must give 24 kHz mono frames with audio in them and leave nothing running; the plugins choose
+Each run must give 24 kHz mono frames with audio in them and leave nothing running; the services choose
 no seed, so the bytes are not compared (tests/test_elevenlabs.py compares them bit for bit).
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ws_helpers import KEY, run_async, serve, short_stream_registries, wait_idle
+from tests.ws_helpers import KEY, run_async, run_pipecat, serve, short_stream_registries, wait_idle
 
 pytest.importorskip("livekit.plugins.elevenlabs")
 pytest.importorskip("livekit.plugins.openai")
@@ -27,8 +29,10 @@ def server(registry):
 
 
 def check(frames) -> None:
+    """24 kHz mono frames (LiveKit's or Pipecat's) holding at least the budget's 6 frames of 80 ms."""
     assert frames and all(f.sample_rate == 24000 and f.num_channels == 1 for f in frames)
-    assert sum(f.samples_per_channel for f in frames) >= 1920 * 6  # at least the budget's 6 frames of 80 ms
+    samples = sum(f.samples_per_channel if hasattr(f, "samples_per_channel") else f.num_frames for f in frames)
+    assert samples >= 1920 * 6
 
 
 @pytest.mark.parametrize("model", ["tts-1", "gpt-4o-mini-tts"])
@@ -68,5 +72,31 @@ def test_livekits_elevenlabs_plugin(server, registry, streamed):
             finally:
                 await tts.aclose()
 
-    check(run_async(speak()))
+    frames = run_async(speak())
+    check(frames)
+    if streamed:  # the socket's alignment gives the plugin its timed words (for LiveKit's transcript sync)
+        from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+
+        timed = [t for f in frames for t in f.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])]
+        assert "".join(timed).strip() == TEXT and len(timed) == len(TEXT.split(" "))
+    assert wait_idle(registry)["active"] == 0
+
+
+def test_pipecats_openai_service(server, registry, monkeypatch):
+    """Pipecat's OpenAITTSService (the openai SDK's streaming response, pcm at 24 kHz, OpenAI's voice
+    names only): audio frames between its started and stopped frames, and the sentence said."""
+    pytest.importorskip("pipecat")
+    from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSStartedFrame, TTSStoppedFrame, TTSTextFrame
+    from pipecat.services.openai.tts import OpenAITTSService
+
+    def make_service(_session):
+        return OpenAITTSService(api_key=KEY, base_url=f"{server.url}/v1", sample_rate=24000,
+                                settings=OpenAITTSService.Settings(voice="alloy", model="gpt-4o-mini-tts"))
+
+    down, up = run_pipecat(make_service, TEXT, 24000, monkeypatch)
+    assert not [f for f in [*down, *up] if isinstance(f, ErrorFrame)], [*down, *up]
+    kinds = [type(f) for f in down if isinstance(f, (TTSStartedFrame, TTSAudioRawFrame, TTSStoppedFrame))]
+    assert kinds[0] is TTSStartedFrame and kinds[-1] is TTSStoppedFrame and TTSAudioRawFrame in kinds
+    check([f for f in down if isinstance(f, TTSAudioRawFrame)])
+    assert " ".join(f.text for f in down if isinstance(f, TTSTextFrame)) == TEXT
     assert wait_idle(registry)["active"] == 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import json
 
 import numpy as np
@@ -22,7 +21,7 @@ from websockets.sync.client import connect
 
 from api.elevenlabs import MAX_CONTEXTS
 from qwen3_tts_gguf.audio_encoding import StreamResampler, s16_to_ulaw, to_s16
-from tests.ws_helpers import KEY, SEED, TIMEOUT, httpx, post_speech, run_async, serve, short_stream_registries, \
+from tests.ws_helpers import KEY, SEED, TIMEOUT, httpx, post_speech, run_pipecat, serve, short_stream_registries, \
     wait_idle
 
 TEXTS = {"a": "Hello there, this is the first voice.", "b": "And here a second one speaks."}
@@ -52,19 +51,47 @@ def words(text: str) -> list[str]:
     return [w + " " for w in text.split(" ")]
 
 
+ALIGNMENTS: dict[str, list[tuple[float, dict | None]]] = {}
+"""The last collect()'s audio messages per context: (seconds of pcm_24000 audio, alignment)."""
+
+
 def collect(ws, contexts: set[str]) -> tuple[dict[str, bytes], list[dict]]:
-    """Audio per context until every one of `contexts` said isFinal; also every other message."""
+    """Audio per context until every one of `contexts` said isFinal; also every other message. Each
+    audio message's alignment is checked (`check_alignment`) and kept in ALIGNMENTS."""
     audio, others, open_ = {c: b"" for c in contexts}, [], set(contexts)
+    ALIGNMENTS.clear()
     while open_:
         message = json.loads(ws.recv(timeout=TIMEOUT))
-        if message.get("audio"):
+        if "audio" in message:
             assert message["isFinal"] is False and message["contextId"] in open_, message
-            audio[message["contextId"]] += base64.b64decode(message["audio"])
+            assert message["normalizedAlignment"] == message["alignment"]
+            data = base64.b64decode(message["audio"])
+            audio[message["contextId"]] += data
+            ALIGNMENTS.setdefault(message["contextId"], []).append((len(data) / 48000, message["alignment"]))
         elif message.get("isFinal") is True:
             open_.discard(message["contextId"])
         else:
             others.append(message)
     return audio, others
+
+
+def check_alignment(messages: list[tuple[float, dict | None]], text: str) -> str:
+    """ElevenLabs' socket alignment: each message's characters spread over its own audio (ms from its
+    start, adding up to its length), none repeated, in the order of the text sent, the last message with
+    no audio only when characters were left; returns the characters timed."""
+    timed = ""
+    for i, (seconds, alignment) in enumerate(messages):
+        if alignment is None:
+            continue
+        chars, starts, durations = alignment["chars"], alignment["charStartTimesMs"], alignment["charDurationsMs"]
+        assert len(chars) == len(starts) == len(durations) > 0 and all(len(c) == 1 for c in chars)
+        assert starts[0] == 0 and all(d >= 0 for d in durations)
+        assert all(a + d == b for a, d, b in zip(starts, durations, starts[1:])), alignment
+        assert starts[-1] + durations[-1] == round(seconds * 1000), (seconds, alignment)
+        assert seconds > 0 or i == len(messages) - 1, "only the last message comes without audio"
+        timed += "".join(chars)
+    assert text.startswith(timed) and timed, (timed, text)
+    return timed
 
 
 def reference_pcm(server, text: str) -> bytes:
@@ -89,6 +116,7 @@ def test_two_interleaved_contexts_each_equal_the_speech_route(server, registry):
     assert others == []
     for context, text in TEXTS.items():
         assert audio[context] == reference_pcm(server, text), context
+        check_alignment(ALIGNMENTS[context], "".join(words(text)))
     assert wait_idle(registry)["active"] == 0
 
 
@@ -200,6 +228,8 @@ def test_the_single_context_socket_speaks_until_its_empty_text_then_closes(serve
                 audio += base64.b64decode(message.get("audio") or "")
     assert ws.close_code == 1000 and messages[-1] == {"isFinal": True}
     assert all("contextId" not in m for m in messages) and all(m["isFinal"] is False for m in messages[:-1])
+    check_alignment([(len(base64.b64decode(m["audio"])) / 48000, m["alignment"]) for m in messages[:-1]],
+                    "".join(words(TEXTS["a"])))
     assert audio == reference_pcm(server, TEXTS["a"])
     assert wait_idle(registry)["active"] == 0
 
@@ -223,6 +253,8 @@ def test_the_http_routes_stream_the_speech_routes_audio_in_the_asked_format(serv
             lines = [json.loads(line) for line in content.splitlines()]
             assert all(set(line) == {"audio_base64", "alignment", "normalized_alignment"} for line in lines)
             content = b"".join(base64.b64decode(line["audio_base64"]) for line in lines)
+            check_http_alignment(lines, text, 1 if output_format == "ulaw_8000" else 2,
+                                 int(output_format.rsplit("_", 1)[1]))
         if output_format == "pcm_24000":
             assert content == reference
         else:
@@ -231,6 +263,25 @@ def test_the_http_routes_stream_the_speech_routes_audio_in_the_asked_format(serv
             samples = np.frombuffer(reference, "<i2").astype(np.float32) / 32767.0
             expected = to_s16(np.concatenate([resampler.process(samples), resampler.flush()]))
             assert content == (s16_to_ulaw(expected) if rate == 8000 else expected.astype("<i2").tobytes())
+
+
+def check_http_alignment(lines: list[dict], text: str, sample_bytes: int, rate: int) -> None:
+    """ElevenLabs' HTTP alignment: seconds from the start of the response's audio, each line's
+    characters within its own audio, in the order of the text, none repeated."""
+    timed, audio_s = "", 0.0
+    for i, line in enumerate(lines):
+        assert line["normalized_alignment"] == line["alignment"]
+        seconds = len(base64.b64decode(line["audio_base64"])) / sample_bytes / rate
+        if line["alignment"] is not None:
+            a = line["alignment"]
+            chars, starts, ends = a["characters"], a["character_start_times_seconds"], a["character_end_times_seconds"]
+            assert len(chars) == len(starts) == len(ends) > 0
+            assert all(audio_s - 1e-3 <= t <= audio_s + seconds + 1e-3 for t in starts + ends), (audio_s, seconds, a)
+            assert all(x <= y for x, y in zip(starts, ends)) and starts == sorted(starts)
+            timed += "".join(chars)
+        assert seconds > 0 or i == len(lines) - 1, "only the last line comes without audio"
+        audio_s += seconds
+    assert timed and text.startswith(timed), (timed, text)
 
 
 @pytest.mark.parametrize("query, body, headers, status, code", [
@@ -259,32 +310,26 @@ def test_pipecats_elevenlabs_services_speak_here(server, registry, monkeypatch, 
     A spoken sentence comes back as audio frames at the pipeline's 16 kHz between the started and stopped
     frames (their seed is the server's choice: the bytes are not compared)."""
     pytest.importorskip("pipecat")
-    import aiohttp
-    from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSSpeakFrame, TTSStartedFrame, TTSStoppedFrame
-    from pipecat.pipeline.worker import PipelineParams
+    from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSStartedFrame, TTSStoppedFrame, TTSTextFrame
     from pipecat.services.elevenlabs import tts
-    from pipecat.tests import utils
-    from pipecat.tests.utils import SleepFrame, run_test
 
-    # its runner takes SIGINT by default, which only the main thread may (the pipeline runs in another)
-    monkeypatch.setattr(utils, "WorkerRunner", functools.partial(utils.WorkerRunner, handle_sigint=False))
     service_class = getattr(tts, service_name)
     settings = service_class.Settings(voice="ryan", model="tts-1")
 
-    async def speak():
-        async with aiohttp.ClientSession() as session:
-            if service_class is tts.ElevenLabsTTSService:
-                service = service_class(api_key=KEY, url=f"ws://{server.host}:{server.port}", settings=settings)
-            else:
-                service = service_class(api_key=KEY, base_url=server.url, aiohttp_session=session, settings=settings)
-            return await run_test(service, frames_to_send=[TTSSpeakFrame(text=TEXTS["a"]), SleepFrame(sleep=3.0)],
-                                  pipeline_params=PipelineParams(audio_out_sample_rate=16000))
+    def make_service(session):
+        if service_class is tts.ElevenLabsTTSService:
+            return service_class(api_key=KEY, url=f"ws://{server.host}:{server.port}", settings=settings)
+        return service_class(api_key=KEY, base_url=server.url, aiohttp_session=session, settings=settings)
 
-    down, up = run_async(speak())
+    down, up = run_pipecat(make_service, TEXTS["a"], 16000, monkeypatch)
     assert not [f for f in [*down, *up] if isinstance(f, ErrorFrame)], [*down, *up]
     kinds = [type(f) for f in down if isinstance(f, (TTSStartedFrame, TTSAudioRawFrame, TTSStoppedFrame))]
     assert kinds[0] is TTSStartedFrame and kinds[-1] is TTSStoppedFrame and TTSAudioRawFrame in kinds
     audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
     assert all(f.sample_rate == 16000 and f.num_channels == 1 for f in audio)
     assert sum(len(f.audio) for f in audio) >= 2 * 16000 * 6 // 25  # at least the budget's 6 frames of 80 ms
+    # the words said, each timed by the alignment (without one, Pipecat gives the whole text at the end)
+    spoken = [f for f in down if isinstance(f, TTSTextFrame)]
+    assert " ".join(f.text for f in spoken) == TEXTS["a"]
+    assert [f.pts for f in spoken] == sorted(f.pts for f in spoken) and spoken[0].pts < spoken[1].pts
     assert wait_idle(registry)["active"] == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import time
@@ -90,6 +91,26 @@ def run_async(coro: Any, timeout: float = TIMEOUT) -> Any:
     tests' session-scoped Playwright keeps a loop running in the main thread."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, asyncio.wait_for(coro, timeout)).result()
+
+
+def run_pipecat(make_service: Callable[[Any], Any], text: str, sample_rate: int, monkeypatch) -> tuple[list, list]:
+    """Speak `text` with the Pipecat TTS service `make_service(aiohttp_session)` builds, in a pipeline
+    run by Pipecat's own test runner at `sample_rate`; returns the frames that went (down, up)."""
+    import aiohttp
+    from pipecat.frames.frames import TTSSpeakFrame
+    from pipecat.pipeline.worker import PipelineParams
+    from pipecat.tests import utils
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    # its runner takes SIGINT by default, which only the main thread may (the pipeline runs in another)
+    monkeypatch.setattr(utils, "WorkerRunner", functools.partial(utils.WorkerRunner, handle_sigint=False))
+
+    async def speak():
+        async with aiohttp.ClientSession() as session:
+            return await run_test(make_service(session), frames_to_send=[TTSSpeakFrame(text=text), SleepFrame(sleep=3.0)],
+                                  pipeline_params=PipelineParams(audio_out_sample_rate=sample_rate))
+
+    return run_async(speak())
 
 
 def wait_idle(registry: ModelRegistry, timeout: float = 10.0) -> dict:
