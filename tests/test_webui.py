@@ -103,6 +103,13 @@ def test_the_page_speaks_a_sentence_and_the_wav_is_what_the_server_sent(page, se
     assert page.inner_text("#ttfa").endswith(" ms") and qtts(page, "q.ttfaMs") > 0
     assert page.inner_text("#rtf").endswith("×")
     assert page.locator("#history tbody tr").count() == 1
+    # the text as it is spoken: the SSE progress events, shown as the player reaches their audio
+    page.wait_for_function("window.__qtts.progress?.basis === 'final'", timeout=WAIT_MS)
+    final = qtts(page, "q.progress")
+    text = page.input_value("#text")
+    assert page.inner_text("#spoken") == text and 0 < final["text_fed_end"] <= len(text)
+    assert page.inner_text("#spoken .said") == text[:final["spoken_end_estimate"]]
+    assert qtts(page, "q.requests.at(-1).usage.output_tokens") == 12
     with page.expect_download() as download:
         page.click("#download")
     wav = Path(download.value.path()).read_bytes()

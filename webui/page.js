@@ -26,7 +26,7 @@ window.__qtts = stats;
 
 export const player = new Player(stats);
 new Scope($('scope'), player);
-export const spoken = new SpokenText($('spoken'), player, stats); // typing mode: the text as it is spoken
+export const spoken = new SpokenText($('spoken'), player, stats); // the text as it is spoken
 
 // The official Qwen3-TTS languages; a model card that lists its own (`languages`) wins.
 export const LANGUAGES = ['auto', 'english', 'chinese', 'japanese', 'korean', 'german', 'french', 'russian',
