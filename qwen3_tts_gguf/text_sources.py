@@ -70,7 +70,40 @@ def _spoken_tokens(fed: int, frames: int) -> int:
     return min(fed, frames // SPOKEN_FRAMES_PER_TOKEN)
 
 
-class FixedText:
+class _TextSource:
+    """What both sources share: progress after each frame and at the end, guarded (`_Progress`)."""
+
+    _progress: _Progress
+
+    @property
+    def progress(self) -> TextProgress | None:
+        """As of the last frame made."""
+        return None if self._progress.failed else self._progress.last
+
+    def frame_made(self, frames: int) -> None:
+        """The current segment has made `frames` frames (the last one just now)."""
+        self._progress.guard(lambda: self._frame_made(frames))
+
+    def final_progress(self, reason: str, started: bool = True) -> TextProgress | None:
+        """The values at the end: the whole text after EOS or once all of it was read."""
+        result: list[TextProgress] = []
+
+        def final() -> None:
+            end = self._final_end(reason) if started else (0, 0)
+            result.append(self._progress.update(end, end, "final"))
+
+        self._progress.guard(final)
+        return result[0] if result else None
+
+    def _frame_made(self, frames: int) -> None:
+        raise NotImplementedError
+
+    def _final_end(self, reason: str) -> tuple[int, int]:
+        """(raw, normalized) offsets the text has been read to when the stream ends for `reason`."""
+        raise NotImplementedError
+
+
+class FixedText(_TextSource):
     """Text known up front: one prompt per segment (long input is split at sentence ends).
 
     The first segment's prompt is built at submit (its errors reach the caller); each later one is
@@ -104,15 +137,6 @@ class FixedText:
     def normalized_chars(self) -> int | None:
         return len(self._text.text) if self._text.normalized else None
 
-    @property
-    def progress(self) -> TextProgress | None:
-        """As of the last frame made."""
-        return None if self._progress.failed else self._progress.last
-
-    def frame_made(self, frames: int) -> None:
-        """The current segment has made `frames` frames (the last one just now)."""
-        self._progress.guard(lambda: self._frame_made(frames))
-
     def _frame_made(self, frames: int) -> None:
         p = self.prompt
         fed = min(max(p.body_in_prefill() + frames - 1, 0), p.text_tokens)
@@ -120,22 +144,11 @@ class FixedText:
         self._progress.update(self._ends(self.segment, fed), self._ends(self.segment, _spoken_tokens(fed, frames)),
                               "frames_per_token")
 
-    def final_progress(self, reason: str, started: bool = True) -> TextProgress | None:
-        """The values at the end: the whole text after EOS or once all of it was read."""
-        result: list[TextProgress] = []
-
-        def final() -> None:
-            segment, read = self._read if self._streaming else (self.segment, self.prompt.text_tokens)
-            if not started:
-                end = (0, 0)
-            elif reason == "eos":
-                end = (len(self._text.raw), len(self._text.text))
-            else:
-                end = self._ends(segment, read)
-            result.append(self._progress.update(end, end, "final"))
-
-        self._progress.guard(final)
-        return result[0] if result else None
+    def _final_end(self, reason: str) -> tuple[int, int]:
+        if reason == "eos":
+            return len(self._text.raw), len(self._text.text)
+        segment, read = self._read if self._streaming else (self.segment, self.prompt.text_tokens)
+        return self._ends(segment, read)
 
     def _ends(self, segment: int, tokens: int) -> tuple[int, int]:
         """(raw, spoken) offsets just past the first `tokens` body tokens of `segment`."""
@@ -203,7 +216,7 @@ class FixedText:
             self._next.cancel()
 
 
-class FedText:
+class FedText(_TextSource):
     """Text arriving live (streaming text mode): rows are made as tokens are committed.
 
     The streaming layout pairs the first Nc text rows with Nc codec rows in the prompt: Nc = 1
@@ -248,13 +261,6 @@ class FedText:
             return None
         return self.normalizer.normalizer.normalized_chars
 
-    @property
-    def progress(self) -> TextProgress | None:
-        return None if self._progress.failed else self._progress.last
-
-    def frame_made(self, frames: int) -> None:
-        self._progress.guard(lambda: self._frame_made(frames))
-
     def _frame_made(self, frames: int) -> None:
         committed = self.feed.committed_tokens
         fed = min(max(len(self._codec_rows) + frames - 1 - len(self._ref_ids), 0), committed)
@@ -262,18 +268,10 @@ class FedText:
         self._progress.update(self._ends(fed, committed), self._ends(_spoken_tokens(fed, frames), committed),
                               "frames_per_token")
 
-    def final_progress(self, reason: str, started: bool = True) -> TextProgress | None:
-        """The values at the end: the whole text after EOS or once all of it was read (and closed)."""
-        result: list[TextProgress] = []
-
-        def final() -> None:
-            committed = self.feed.committed_tokens
-            read = committed if reason == "eos" and self.feed.closed else self._read
-            end = self._ends(read, committed) if started else (0, 0)
-            result.append(self._progress.update(end, end, "final"))
-
-        self._progress.guard(final)
-        return result[0] if result else None
+    def _final_end(self, reason: str) -> tuple[int, int]:
+        committed = self.feed.committed_tokens
+        read = committed if reason == "eos" and self.feed.closed else self._read  # all of it only once closed
+        return self._ends(read, committed)
 
     def _ends(self, tokens: int, committed: int) -> tuple[int, int]:
         """(raw, spoken) offsets just past the first `tokens` committed body tokens."""

@@ -202,3 +202,23 @@ def test_normalized_live_text(engine):
     assert stream.text.feed.snapshot()[0] == engine.model.prompts.text_ids(spoken)
     check_normalized(engine, chunks, spoken, [spoken])
     assert stream.result.normalized_chars == len(stream.text.feed.text)
+
+
+@pytest.mark.parametrize("mode", ["streaming", "non-streaming", "live"])
+def test_a_progress_failure_turns_progress_off_not_the_stream(engine, monkeypatch, mode):
+    from qwen3_tts_gguf import text_sources
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the offsets")
+
+    source = text_sources.FedText if mode == "live" else text_sources.FixedText
+    monkeypatch.setattr(source, "_ends", broken)
+    if mode == "live":
+        stream = engine.open_text_stream(request(""))
+        stream.push_text("Hello there.")
+        stream.close_text()
+    else:
+        stream = engine.submit(request("Hello there.", mode=mode))
+    chunks = list(stream)
+    assert chunks and all(c.progress is None for c in chunks)
+    assert stream.result.finish_reason != "error" and stream.result.progress is None
