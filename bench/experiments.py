@@ -9,6 +9,7 @@
     python -m bench.experiments malloc [--thresholds 131072] # glibc's dynamic mmap threshold against fixed ones
     python -m bench.experiments omp-spin [--load cpu1]      # llama.cpp's OpenMP threads: how long they spin before sleeping
     python -m bench.experiments graphs [--rounds 6]         # the codec's polynomial Snake, the fused code-predictor MatMuls, GQA
+    python -m bench.experiments llama-builds --builds DIR   # llama_cpp builds installed in DIR (pip --target) beside the engine's
 
 `--load cpu1|cpu2|stream1` runs the comparison beside that `stress-ng` load (bench/busy.py's LOADS).
 
@@ -175,6 +176,21 @@ def omp_policy(args) -> dict:
             name = f"{policy or 'no policy'} + spin {SPIN_COUNT}, {served}{default}"
             env = {"GOMP_SPINCOUNT": str(SPIN_COUNT), **({"OMP_WAIT_POLICY": policy} if policy else {})}
             variants[name] = (dict(base, second_model=second), env)
+    return _compare(args, variants)
+
+
+def llama_builds(args) -> dict:
+    """The engine's llama_cpp against other builds of it (`--builds`: folders a wheel was installed into with
+    `pip install --no-deps --target DIR`), each put first on the worker's PYTHONPATH: e.g. a build with
+    CMAKE_ARGS="-DGGML_OPENMP=OFF" (ggml's own thread pool instead of OpenMP's)."""
+    if not args.builds:
+        raise SystemExit("llama-builds: --builds DIR[,DIR] (llama_cpp installed there with pip --target)")
+    if missing := [f for f in args.builds if not (Path(f) / "llama_cpp").is_dir()]:
+        raise SystemExit(f"llama-builds: {', '.join(missing)} holds no llama_cpp package")
+    base = dict(_session_base(args), threads=args.threads)
+    variants = {"the engine's llama_cpp (default)": (base, {})}
+    for folder in args.builds:
+        variants[f"llama_cpp from {folder}"] = (base, {"PYTHONPATH": str(Path(folder).resolve())})
     return _compare(args, variants)
 
 
@@ -399,7 +415,8 @@ STRESS_ARGS = {key: args for key, args, _ in LOADS if args}  # --load: stress-ng
 
 EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
                "codec-batch": codec_batch, "presets": presets, "talker-quants": talker_quants, "malloc": malloc,
-               "omp-spin": omp_spin, "omp-policy": omp_policy, "graphs": graphs}
+               "omp-spin": omp_spin, "omp-policy": omp_policy, "graphs": graphs,
+               "llama-builds": llama_builds}
 
 
 def _graph_keys(value: str) -> list[str]:
@@ -431,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="omp-spin: GOMP_SPINCOUNT values beside the engine's (libgomp's default is 300000)")
     p.add_argument("--blocks", type=lambda v: [int(x) for x in v.split(",")], default=[32, 256],
                    help="cp-quant: MatMulNBits block sizes beside the converter's")
+    p.add_argument("--builds", type=lambda v: v.split(","), default=[],
+                   help="llama-builds: folders holding other llama_cpp builds (pip install --target)")
     p.add_argument("--load", choices=tuple(STRESS_ARGS),
                    help="run beside this stress-ng load (no quiet wait then)")
     return p

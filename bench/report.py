@@ -251,7 +251,7 @@ def render(res: dict) -> str:
       "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
       "Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision and "
       "block size, batching the codec, the codec's thread, the converter's presets, talker quants side by side with "
-      "their agreement, glibc's mmap threshold, OpenMP's spin count and wait policy, the converter's graph variants) "
+      "their agreement, glibc's mmap threshold, OpenMP's spin count and wait policy, the converter's graph variants, other llama_cpp builds) "
       "are measured separately by `python -m bench.experiments "
       f"{'|'.join(EXPERIMENTS)}` (`--load {'|'.join(STRESS_ARGS)}` beside a stress-ng load).\n")
     return "\n".join(out) + "\n"

@@ -160,6 +160,10 @@ alone, a second thread's team alive (a one-off script, 2026-12-01, 0.6B q8_0): P
 this case: 40 ms in its 2026-12-01 04:52 run with PASSIVE, 17 ms in the 06:58 run with ACTIVE.
 `python -m bench.experiments omp-policy`, two models served, two runs: one stream's RTF 1.69 / 1.65
 (PASSIVE) -> 1.58 / 1.59 (ACTIVE); one model: 1.65 / 1.61 -> 1.62 / 1.55.
+llama.cpp built without OpenMP (CMAKE_ARGS="-DGGML_OPENMP=OFF": ggml's own thread pool, whose barriers spin
+without bound) measured and dropped: `python -m bench.experiments llama-builds`, 0.6B q8_0, 2026-12-03 on an
+AVX2-only host: one stream equal quiet (RTF 2.55 / 2.53), eight streams 1.31 -> 1.68, and beside
+`stress-ng --cpu 1` one stream 3.68 -> 8.49 (prefill 415 -> 1584 ms), eight streams 2.46 -> 6.25.
 An operator's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins (either one turns this default off: ACTIVE alone
 spins for ever)."""
 

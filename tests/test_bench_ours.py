@@ -78,3 +78,17 @@ def test_the_graphs_experiment_takes_only_known_variants(capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["graphs", "--graphs", "portable,flash"])
     assert "unknown graph variant flash (of sin, separate, both, gqa, portable)" in capsys.readouterr().err
+
+
+def test_the_llama_builds_experiment_needs_folders_with_llama_cpp(tmp_path):
+    """`bench.experiments llama-builds`: without --builds, or with a folder holding no llama_cpp, it stops
+    with a message before loading anything."""
+    from bench.experiments import build_parser, llama_builds
+
+    p = build_parser()
+    with pytest.raises(SystemExit, match="--builds DIR"):
+        llama_builds(p.parse_args(["llama-builds"]))
+    args = p.parse_args(["llama-builds", "--builds", str(tmp_path)])
+    assert args.builds == [str(tmp_path)]
+    with pytest.raises(SystemExit, match="holds no llama_cpp"):
+        llama_builds(args)
