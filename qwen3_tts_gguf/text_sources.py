@@ -14,6 +14,7 @@ spoken estimate assumes SPOKEN_FRAMES_PER_TOKEN frames per token from the segmen
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -70,7 +71,7 @@ def _spoken_tokens(fed: int, frames: int) -> int:
     return min(fed, frames // SPOKEN_FRAMES_PER_TOKEN)
 
 
-class _TextSource:
+class _TextSource(ABC):
     """What both sources share: progress after each frame and at the end, guarded (`_Progress`)."""
 
     _progress: _Progress
@@ -95,12 +96,13 @@ class _TextSource:
         self._progress.guard(final)
         return result[0] if result else None
 
+    @abstractmethod
     def _frame_made(self, frames: int) -> None:
-        raise NotImplementedError
+        """Update progress for a frame just made (`frame_made`, guarded)."""
 
+    @abstractmethod
     def _final_end(self, reason: str) -> tuple[int, int]:
         """(raw, normalized) offsets the text has been read to when the stream ends for `reason`."""
-        raise NotImplementedError
 
 
 class FixedText(_TextSource):

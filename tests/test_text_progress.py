@@ -206,19 +206,25 @@ def test_normalized_live_text(engine):
 
 @pytest.mark.parametrize("mode", ["streaming", "non-streaming", "live"])
 def test_a_progress_failure_turns_progress_off_not_the_stream(engine, monkeypatch, mode):
+    """The stream ends as it would have, with the same audio, only without progress."""
     from qwen3_tts_gguf import text_sources
+
+    def run():
+        if mode == "live":
+            stream = engine.open_text_stream(request(""))
+            stream.push_text("Hello there.")
+            stream.close_text()
+        else:
+            stream = engine.submit(request("Hello there.", mode=mode))
+        return stream, list(stream)
+
+    _, healthy = run()
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the offsets")
 
-    source = text_sources.FedText if mode == "live" else text_sources.FixedText
-    monkeypatch.setattr(source, "_ends", broken)
-    if mode == "live":
-        stream = engine.open_text_stream(request(""))
-        stream.push_text("Hello there.")
-        stream.close_text()
-    else:
-        stream = engine.submit(request("Hello there.", mode=mode))
-    chunks = list(stream)
-    assert chunks and all(c.progress is None for c in chunks)
-    assert stream.result.finish_reason != "error" and stream.result.progress is None
+    monkeypatch.setattr(text_sources.FedText if mode == "live" else text_sources.FixedText, "_ends", broken)
+    stream, chunks = run()
+    assert all(c.progress is not None for c in healthy) and all(c.progress is None for c in chunks)
+    assert np.array_equal(np.concatenate([c.samples for c in chunks]), np.concatenate([c.samples for c in healthy]))
+    assert stream.result.finish_reason == "budget" and stream.result.progress is None
