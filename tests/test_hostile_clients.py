@@ -618,25 +618,29 @@ def idle_sockets(s: Served, audit: Audit) -> None:
     head, body = full.split(b"\r\n\r\n", 1)
     head += b"\r\n\r\n"
 
+    def answered_then_closed(label, sock, want, idle: str) -> None:
+        """Read the answer `want` describes (if any), then wait for the server to close `sock`."""
+        reader = RawReader(sock)
+        if want is not None:
+            got = reader.head()
+            if got is None:
+                audit.problem(label, "closed without the expected answer")
+                return
+            status, _, headers = got
+            data, complete = reader.body(headers)
+            audit.response(label, status, headers, data, want, complete)
+        try:
+            while reader._fill():
+                pass
+        except TimeoutError:
+            audit.problem(label, f"the server never closed {idle}")
+
     def closed_by_server(label, send: bytes, want=None):
         def run():
             with raw_socket(port, me, timeout=TIMEOUT) as sock:
                 if send:
                     sock.sendall(send)
-                reader = RawReader(sock)
-                if want is not None:
-                    got = reader.head()
-                    if got is None:
-                        audit.problem(label, "closed without the expected answer")
-                        return
-                    status, _, headers = got
-                    data, complete = reader.body(headers)
-                    audit.response(label, status, headers, data, want, complete)
-                try:
-                    while reader._fill():
-                        pass
-                except TimeoutError:
-                    audit.problem(label, f"the server never closed the idle connection ({TIMEOUT:g} s)")
+                answered_then_closed(label, sock, want, f"the idle connection ({TIMEOUT:g} s)")
         audit.guard(label, run)
 
     def trickle(label, first: bytes, data: bytes, want=None):
@@ -664,19 +668,7 @@ def idle_sockets(s: Served, audit: Audit) -> None:
                     except OSError:
                         break
                 sock.settimeout(TIMEOUT)
-                reader = RawReader(sock)
-                if want is not None:
-                    got = reader.head()
-                    if got is None:
-                        audit.problem(label, "closed without the expected answer")
-                        return
-                    data_, complete = reader.body(got[2])
-                    audit.response(label, got[0], got[2], data_, want, complete)
-                try:
-                    while reader._fill():
-                        pass
-                except TimeoutError:
-                    audit.problem(label, "the server never closed the connection")
+                answered_then_closed(label, sock, want, "the connection")
         audit.guard(label, run)
 
     with ThreadPoolExecutor(7) as pool:

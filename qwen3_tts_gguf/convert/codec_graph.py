@@ -121,7 +121,11 @@ class _CodecBuilder:
         return self.g.op("Add", x, self.g.op("Mul", square, b))
 
     def causal_conv(self, x: str, prefix: str, state: str | None, *, dilation: int = 1, groups: int = 1) -> str:
-        """Causal Conv1d on [B, C, L]: the last (k-1)*d input columns of the previous call are prepended."""
+        """Causal Conv1d on [B, C, L]: the last (k-1)*d input columns of the previous call are prepended.
+
+        ONNX Runtime runs these at 150-165 GFLOP/s on 2 AVX2 cores (per-node profile, 0.6B, 4 frames a call,
+        2026-12-04), near the cores' fp32 FMA peak. As Conv2d with a height of 1, which ONNX Runtime's NCHWc
+        layout kernels take, they ran no faster (12 alternating rounds: 58.1 / 56.6 ms a frame, SNR 85 dB)."""
         weight = self.w(prefix + ".conv.weight")
         hist = (weight.shape[-1] - 1) * dilation
         args = (self.init(prefix + ".conv.weight"), self.init(prefix + ".conv.bias"))
