@@ -12,6 +12,7 @@ from qwen3_tts_gguf.prompt import PromptError, VoiceSpec
 from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.sampler import SamplingParams
 from qwen3_tts_gguf.scheduler import Engine
+from tests.llm_text import PAUSE_S, llm_deltas
 from tests.reference.runner import official_generate
 from tests.waiting import wait_until
 
@@ -173,16 +174,10 @@ def test_text_arriving_in_pieces_gives_the_codes_of_the_whole_text(engines):
     whole = run(engine, greedy_request(text, "ryan", "english", text_mode="streaming", frames=48))[0]
     assert whole.text_tokens < 48
     stream = engine.open_text_stream(greedy_request("", "ryan", "english", frames=48))
-    rng = np.random.default_rng(0)
-    i = 0
-    while i < len(text):
-        n = int(rng.integers(1, 4))
-        stream.push_text(text[i:i + n])
-        i += n
-        if rng.random() < 0.3:
-            import time
-
-            time.sleep(0.01)  # let the engine run dry and wait for text
+    for delta, pause in llm_deltas(text):
+        stream.push_text(delta)
+        if pause:
+            time.sleep(PAUSE_S)
     stream.close_text()
     list(stream)
     np.testing.assert_array_equal(stream.result.codes, whole.codes)

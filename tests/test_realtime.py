@@ -25,6 +25,7 @@ from websockets.sync.client import ClientConnection, connect
 from api.lifecycle import PROCESS
 from api.testing import ServerThread
 from qwen3_tts_gguf.audio_encoding import alaw_to_s16, ulaw_to_s16
+from tests.llm_text import llm_deltas
 from tests.ws_helpers import KEY, SAMPLES_PER_FRAME, TIMEOUT, event, loaded_registry, post_speech, refused, serve, \
     speak_live, wait_idle, ws_settings
 
@@ -268,12 +269,7 @@ def test_g711_output_is_8k_one_byte_a_sample_and_decodes_to_the_pcm(server):
 
 
 def test_live_text_speaks_as_the_ws_route_does(server, registry):
-    rng = np.random.default_rng(1)
-    deltas, i = [], 0
-    while i < len(TEXT):
-        n = int(rng.integers(1, 4))
-        deltas.append(TEXT[i:i + n])
-        i += n
+    deltas = [delta for delta, _ in llm_deltas(TEXT, seed=1)]
     reference = ws_pcm(server, deltas)
     with open_rt(server) as ws:
         created(ws)

@@ -17,6 +17,7 @@ from qwen3_tts_gguf.text_normalization import normalize_text
 from qwen3_tts_gguf.text_sources import SPOKEN_FRAMES_PER_TOKEN
 from qwen3_tts_gguf.text_segments import locate_segments
 from qwen3_tts_gguf.tokenizer import bytes_to_unicode
+from tests.llm_text import PAUSE_S, llm_deltas
 
 GREEDY = SamplingParams(greedy=True)
 BUDGET_BASE = 3  # each segment makes 3 + (its tokens) frames: every token is read before it ends
@@ -146,14 +147,10 @@ def test_segments_are_located_even_where_whitespace_was_dropped():
 
 def test_live_text(engine):
     stream = engine.open_text_stream(request(""))
-    rng = np.random.default_rng(0)
-    i = 0
-    while i < len(TEXT):
-        n = int(rng.integers(1, 4))
-        stream.push_text(TEXT[i:i + n])
-        i += n
-        if rng.random() < 0.3:
-            time.sleep(0.01)
+    for delta, pause in llm_deltas(TEXT):
+        stream.push_text(delta)
+        if pause:
+            time.sleep(PAUSE_S)
     stream.close_text()
     chunks = list(stream)
     assert stream.text.feed.snapshot()[0] == engine.model.prompts.text_ids(TEXT)

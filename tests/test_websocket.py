@@ -11,11 +11,11 @@ from __future__ import annotations
 import socket
 import time
 
-import numpy as np
 import pytest
 from websockets.sync.client import connect
 
 from qwen3_tts_gguf.audio_encoding import StreamingEncoder
+from tests.llm_text import PAUSE_S, llm_deltas
 from tests.ws_helpers import KEY, SAMPLES_PER_FRAME, TEXT, TIMEOUT, expect_error, loaded_registry, open_ws, \
     refused, say_and_stop, send, serve, start, until_done, wait_idle, whole_text_pcm, ws_settings
 
@@ -39,19 +39,17 @@ def server(registry):
 
 def test_deltas_of_one_to_three_characters_give_the_bytes_of_the_whole_text(server, registry):
     reference = whole_text_pcm(server, TEXT)
-    rng = np.random.default_rng(0)
     with open_ws(server) as ws:
         started = start(ws)
         assert started["model"] == registry.default.id and started["voice"] == "ryan"
         assert (started["sample_rate"], started["channels"], started["format"]) == (24000, 1, "pcm")
         half, i = len(TEXT) // 2, 0
-        while i < len(TEXT):
-            n = int(rng.integers(1, 4))
-            send(ws, type="text", text=TEXT[i:i + n])
-            i += n
-            if rng.random() < 0.3:
-                time.sleep(0.01)  # let the engine run dry and wait for text
-            if half <= i < half + n:
+        for delta, pause in llm_deltas(TEXT):
+            send(ws, type="text", text=delta)
+            i += len(delta)
+            if pause:
+                time.sleep(PAUSE_S)
+            if half <= i < half + len(delta):
                 # synthesis starts before the sentence is complete: audio arrives with half the text
                 assert isinstance(first := ws.recv(timeout=TIMEOUT), bytes)
         send(ws, type="stop")
