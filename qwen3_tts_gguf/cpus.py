@@ -133,8 +133,9 @@ def stage_threads(threads: int | None = 0, *, codec_overlap: bool = False, codec
     more than a frame lasts, and the code predictor 68-71 ms, as on two: neither side gains.
     Nor does a lower priority for the codec's threads (nice +10 on the lane's thread and on the ONNX Runtime
     pool it inherits, so that the talker and the code predictor never wait at a barrier for a core the codec
-    holds): 0.6B, 2 AVX2 cores, a process per variant, 4 alternating pairs of 2 runs (2026-12-04): one stream's RTF 2.26 -> 2.62
-    (median), first audio 0.44 -> 0.54 s, eight streams 1.67 -> 1.78: the codec then falls behind the frames."""
+    holds): 0.6B, 2 AVX2 cores, a process per variant, 4 alternating pairs of 2 runs (2026-12-04): one
+    stream's RTF 2.26 -> 2.62 (median), first audio 0.44 -> 0.54 s, eight streams 1.67 -> 1.78: the codec
+    then falls behind the frames."""
     n = default_threads(threads)
     if not codec_overlap or n < 2:
         return StageThreads(n, n, n, codec_threads or n, 1)
