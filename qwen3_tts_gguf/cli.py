@@ -8,6 +8,7 @@ imports the HTTP server lazily: the engine package itself never imports FastAPI)
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -335,7 +336,7 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
     from .devices import ONNX_DEVICES, parse_gpu_layers
     from .heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD
-    from .model import KV_CELLS_PER_STREAM, MIN_KV_CELLS
+    from .model import KV_CELLS_PER_STREAM, MAX_THREADS, MIN_KV_CELLS
     from .openvino_session import RUNTIMES as CODEC_RUNTIMES
     from .talker import KV_CACHE_TYPES
 
@@ -357,7 +358,7 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-codec-overlap", action="store_true",
                    help="decode audio on the engine thread between steps instead of on a thread of its own beside "
                         "the talker and code predictor (the fast profile overlaps them on 2+ threads)")
-    p.add_argument("--codec-threads", type=_number(int, 1), default=None, metavar="N",
+    p.add_argument("--codec-threads", type=_number(int, 1, MAX_THREADS), default=None, metavar="N",
                    help="threads of one overlapped codec call (default: --threads): fewer run several streams' "
                         "calls side by side, in a lane each: more throughput with many streams, later first audio "
                         "(docs/benchmarks.md, Codec overlap)")
@@ -390,23 +391,34 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if r.problems else 0
 
 
-def _number(kind, minimum, maximum=None):
-    """An argparse type: an int of at least `minimum` (and at most `maximum`), or (minimum None) a
-    finite float above 0."""
+def _number(kind, minimum, maximum=None, unit: str = ""):
+    """An argparse type: a finite `kind` (int or float) of at least `minimum` (None: above 0) and at
+    most `maximum` (None: no bound); `unit` names what it counts in the refusal."""
+    low = "above 0" if minimum is None else f"at least {minimum}"
+    domain = f"{low} and at most {maximum}" if maximum is not None else low
+
     def parse(text: str):
         value = kind(text)
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{text} is out of range ({minimum} to {maximum})")
-        if (value < minimum) if minimum is not None else not (0 < value < float("inf")):
-            raise argparse.ArgumentTypeError(f"{text} is out of range (at least {minimum})" if minimum is not None
-                                             else f"{text} is out of range (a number of seconds above 0)")
+        if not (math.isfinite(value) and (value > 0 if minimum is None else value >= minimum)
+                and (maximum is None or value <= maximum)):
+            raise argparse.ArgumentTypeError(f"{text} is out of range ({domain}{' ' + unit if unit else ''})")
         return value
     parse.__name__ = kind.__name__
     return parse
 
 
-_COUNT, _SECONDS, _COUNT0 = _number(int, 1), _number(float, None), _number(int, 0)
+_COUNT, _SECONDS, _COUNT0 = _number(int, 1), _number(float, None, unit="seconds"), _number(int, 0)
 _PORT = _number(int, 0, 65535)
+_SEED = _number(int, 0, 2**63 - 1)
+
+
+def _threads(purpose: str = "") -> dict:
+    """--threads of every command: 0 (the CPUs this process may use) to MAX_THREADS."""
+    from .model import MAX_THREADS
+
+    return dict(type=_number(int, 0, MAX_THREADS), default=0, metavar="N",
+                help=f"{purpose or 'CPU threads'} (default 0: the CPUs this process may use: affinity mask and "
+                     f"cgroup CPU quota; at most {MAX_THREADS})")
 
 
 MAX_WARM_UP_VOICES = 16
@@ -503,6 +515,8 @@ def _add_limit_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .model import MAX_BUFFERED_AUDIO_S, MAX_PENDING, MAX_STREAMS
+
     parser = argparse.ArgumentParser(prog="python -m qwen3_tts_gguf",
                                      description="Qwen3-TTS-X: local streaming Qwen3-TTS.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=EnvArgumentParser)
@@ -514,14 +528,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_weight_args(p)
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-verify", action="store_true", help="skip the self-check of the written graphs")
-    p.add_argument("--threads", type=int, default=0, help="threads for quantization (default: all)")
+    p.add_argument("--threads", **_threads("threads for quantization"))
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("make-random", help="write a random-weight checkpoint in the real layout (numpy only)")
     p.add_argument("out_dir", type=Path)
     p.add_argument("--shape", choices=SHAPES, default="tiny")
     p.add_argument("--type", choices=MODEL_TYPES, default="custom_voice")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_SEED, default=0)
     p.add_argument("--tokenizer-dir", type=Path, help="copy vocab.json/merges.txt/tokenizer_config.json from here "
                                                      "(default: a byte-level vocabulary)")
     p.set_defaults(func=_cmd_make_random)
@@ -535,21 +549,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-mode", choices=("non-streaming", "streaming"),
                    help="prompt layout (default: the model's official default)")
     p.add_argument("--greedy", action="store_true", help="no sampling, for talker and code predictor")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--cp-temperature", type=float, help="code predictor temperature (official subtalker_*)")
-    p.add_argument("--cp-top-k", type=int)
-    p.add_argument("--cp-top-p", type=float)
-    p.add_argument("--repetition-penalty", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--max-frames", type=int, help="cap on frames (80 ms each); EOS still ends earlier")
+    p.add_argument("--temperature", type=_number(float, None))
+    p.add_argument("--top-k", type=_COUNT0, help="0: off")
+    p.add_argument("--top-p", type=_number(float, 0, 1.0))
+    p.add_argument("--cp-temperature", type=_number(float, None), help="code predictor temperature (official subtalker_*)")
+    p.add_argument("--cp-top-k", type=_COUNT0)
+    p.add_argument("--cp-top-p", type=_number(float, 0, 1.0))
+    p.add_argument("--repetition-penalty", type=_number(float, None))
+    p.add_argument("--seed", type=_SEED)
+    p.add_argument("--max-frames", type=_COUNT, help="cap on frames (80 ms each); EOS still ends earlier")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-frames frames")
     p.add_argument("-o", "--output", default="out.wav",
                    help="wav, flac, mp3, opus, aac or pcm file; '-' writes raw s16le 24 kHz mono to stdout")
     p.add_argument("--codes-out", type=Path, help="save the codes as an int array [frames, 16] (.npy)")
     p.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/, or QTTS_VOICES_DIR)")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", **_threads())
     _add_device_args(p)
     p.set_defaults(func=_cmd_synth)
 
@@ -566,14 +580,14 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--instructions", required=True, help="the voice, e.g. 'a calm, low elderly voice'")
             q.add_argument("--design-model", type=Path, required=True, help="a VoiceDesign model folder")
             q.add_argument("--text", help="the reference sentence VoiceDesign speaks (default: one per language)")
-            q.add_argument("--seed", type=int, default=0)
-            q.add_argument("--max-frames", type=int, default=600)
+            q.add_argument("--seed", type=_SEED, default=0)
+            q.add_argument("--max-frames", type=_COUNT, default=600)
         q.add_argument("--model", type=Path, help="the Base model folder (default: the only model under model-base/)")
         q.add_argument("--language", default="auto")
-        q.add_argument("--trailing-silence", type=float, default=0.5,
+        q.add_argument("--trailing-silence", type=_number(float, 0, 5.0, unit="seconds"), default=0.5,
                        help="seconds of silence appended to the reference (stops its last sound bleeding in)")
         q.add_argument("--force", action="store_true", help="replace an existing voice of that name")
-        q.add_argument("--threads", type=int, default=0)
+        q.add_argument("--threads", **_threads())
         q.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/, or QTTS_VOICES_DIR)")
     q = vsub.add_parser("list", help="built-in speakers and voice profiles")
     q.add_argument("--voices-dir", type=Path)
@@ -604,23 +618,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, action="append", help="model folder (repeat; default: all of --model-base)")
     p.add_argument("--model-base", type=Path, help="folder of converted models (default: model-base/)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
-    p.add_argument("--port", type=int, default=8100, help="port (default %(default)s)")
+    p.add_argument("--port", type=_PORT, default=8100, help="port (default %(default)s)")
     p.add_argument("--api-key", help="require this key")
     p.add_argument("--public-listings", action="store_true",
                    help="GET /v1/audio/voices and /v1/audio/models answer without the key (Open WebUI reads them "
                         "without sending it)")
     p.add_argument("--cors-origin", action="append", default=[], help="allowed CORS origin (repeat; '*' for any)")
     p.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads per model (default 0: the CPUs this process may use: affinity mask and cgroup CPU quota)")
-    p.add_argument("--max-streams", type=int, default=8,
-                   help="streams synthesised at once per model (default %(default)s)")
-    p.add_argument("--max-queue", type=int, default=32,
-                   help="requests waiting for a slot before 429 (default %(default)s)")
-    p.add_argument("--max-live-waiting", type=int, default=64,
+    p.add_argument("--threads", **_threads("CPU threads per model"))
+    p.add_argument("--max-streams", type=_number(int, 1, MAX_STREAMS), default=8, metavar="N",
+                   help=f"streams synthesised at once per model (1 to {MAX_STREAMS}; default %(default)s)")
+    p.add_argument("--max-queue", type=_number(int, 0, MAX_PENDING), default=32, metavar="N",
+                   help=f"requests waiting for a slot before 429 (0 to {MAX_PENDING}; default %(default)s)")
+    p.add_argument("--max-live-waiting", type=_number(int, 0, MAX_PENDING), default=64, metavar="N",
                    help="live-text streams (WebSocket) waiting for their first words, apart from --max-queue; "
-                        "429 above (default 64)")
-    p.add_argument("--max-buffered-audio-s", type=float, default=10.0,
-                   help="seconds of audio a stream may make ahead of its reader before it is paused (default 10)")
+                        f"429 above (0 to {MAX_PENDING}; default %(default)s)")
+    p.add_argument("--max-buffered-audio-s", type=_number(float, None, MAX_BUFFERED_AUDIO_S, unit="seconds"),
+                   default=10.0, metavar="SECONDS",
+                   help="seconds of audio a stream may make ahead of its reader before it is paused "
+                        f"(above 0, at most {MAX_BUFFERED_AUDIO_S:g}; default %(default)g)")
     p.add_argument("--deterministic", action="store_true", help="F32 KV cache, flash attention off (parity)")
     p.add_argument("--drain-timeout-s", type=_SECONDS, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, seconds streams in flight may take to finish before the server stops")

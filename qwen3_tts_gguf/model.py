@@ -21,6 +21,15 @@ KV_CELLS_PER_STREAM = 1024
 (so one stream holds a whole segment of `max_segment_chars`: about 250 English text tokens, their
 prompt and their frames at a few per token). The pool is shared: a stream alone may use all of it."""
 MIN_KV_CELLS = 2048
+MAX_THREADS = 256
+"""The most threads one runtime is given: beyond the CPUs this process may use they only wait for each other."""
+MAX_STREAMS = 128
+"""The most streams one model runs at once: llama.cpp holds at most 256 sequences (LLAMA_MAX_SEQ), shared by
+the streams and the cached voice prefixes (at most MAX_PREFIX_CACHE)."""
+MAX_PREFIX_CACHE = 128
+MAX_PENDING = 10_000
+"""The most requests (and, apart, live-text streams) one model lets wait for a slot."""
+MAX_BUFFERED_AUDIO_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,21 @@ class EngineSettings:
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
     heap_map_threshold: int = MAP_THRESHOLD  # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
     codec_runtime: str = "onnxruntime"  # or "openvino": faster codec, more memory (openvino_session.py; CPU, not deterministic)
+
+    def __post_init__(self) -> None:
+        def check(name: str, ok: bool, domain: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} must be {domain}, got {getattr(self, name)!r}")
+
+        check("threads", 0 <= self.threads <= MAX_THREADS, f"0 (the usable CPUs) to {MAX_THREADS}")
+        check("max_streams", 1 <= self.max_streams <= MAX_STREAMS, f"1 to {MAX_STREAMS}")
+        check("codec_threads", 0 <= self.codec_threads <= MAX_THREADS, f"0 (as threads) to {MAX_THREADS}")
+        check("max_pending", 0 <= self.max_pending <= MAX_PENDING, f"0 to {MAX_PENDING}")
+        check("max_pending_live", 0 <= self.max_pending_live <= MAX_PENDING, f"0 to {MAX_PENDING}")
+        check("max_buffered_audio_s", 0 < self.max_buffered_audio_s <= MAX_BUFFERED_AUDIO_S,
+              f"above 0 and at most {MAX_BUFFERED_AUDIO_S:g} seconds")
+        check("prefix_cache", 0 <= self.prefix_cache <= MAX_PREFIX_CACHE, f"0 (off) to {MAX_PREFIX_CACHE}")
+        check("n_ctx", self.n_ctx >= 0, "0 (per stream) or more")
 
     @property
     def overlaps_codec(self) -> bool:

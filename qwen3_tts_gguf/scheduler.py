@@ -293,6 +293,9 @@ class Engine:
             raise EngineStopped("the engine is not running")
         if request.max_frames is not None and request.max_frames < 1:
             raise PromptError(f"max_frames must be >= 1, got {request.max_frames}")
+        seed = request.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise PromptError(f"seed must be a whole number of at least 0, got {seed!r}")
 
     # -- capacity -------------------------------------------------------------------------
     def _budget(self, tokens: int) -> int:
@@ -626,12 +629,13 @@ class Engine:
             if stream.text.empty():
                 self._end_unstarted(stream, "error", "input text is empty")
                 continue
-            req = stream.request
-            seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
-            act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed),
-                          chunks=ChunkPlan(self.settings.chunk_frames, self._frame_s,
-                                           adaptive=self.settings.adaptive_chunks and not self.settings.deterministic))
-            act.reserved = self._reservation(act)
+            try:
+                act = self._new_active(stream)
+            except Exception as e:  # this stream's own state could not be set up: it alone ends
+                self._fault("admission", e)
+                self._count_error()
+                self._end_unstarted(stream, "error", "the admission failed for this stream")
+                continue
             if not self._make_room(act.reserved):
                 skipped.append(stream)  # waits until running streams free their cells
                 if self._bypassed >= HEAD_BYPASS_LIMIT:
@@ -643,6 +647,17 @@ class Engine:
             admitted.append(act)
         self._waiting.extendleft(reversed(skipped))
         return admitted
+
+    def _new_active(self, stream: Stream) -> _Active:
+        """A queued stream's engine state (its random generator, chunk plan and KV reservation), before
+        it has a slot."""
+        req = stream.request
+        seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
+        act = _Active(stream=stream, seq=-1, rng=np.random.default_rng(seed),
+                      chunks=ChunkPlan(self.settings.chunk_frames, self._frame_s,
+                                       adaptive=self.settings.adaptive_chunks and not self.settings.deterministic))
+        act.reserved = self._reservation(act)
+        return act
 
     def _next_segment(self, act: _Active) -> bool:
         """Move a stream whose segment ended to its next segment (codec state carries over)."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.prompt import ContextLengthExceeded, VoiceSpec
+from qwen3_tts_gguf.prompt import ContextLengthExceeded, PromptError, VoiceSpec
 from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.sampler import SamplingParams
 from qwen3_tts_gguf.scheduler import Engine, EngineBusy, EngineStopped
@@ -108,6 +108,15 @@ def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) 
             return real(items)
 
         monkeypatch.setattr(model.talker, "decode", decode)
+    elif stage == "admission":
+        real = engine._reservation
+
+        def reservation(act):
+            if act.stream.request is poisoned:
+                raise ValueError("injected: its reservation could not be computed")
+            return real(act)
+
+        monkeypatch.setattr(engine, "_reservation", reservation)
     elif stage == "prompt":
         real = model.prompts.build
 
@@ -119,7 +128,7 @@ def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) 
         monkeypatch.setattr(model.prompts, "build", build)
 
 
-@pytest.mark.parametrize("stage", ["sampler", "code predictor", "codec", "talker decode", "prompt"])
+@pytest.mark.parametrize("stage", ["sampler", "code predictor", "codec", "talker decode", "prompt", "admission"])
 def test_a_fault_in_one_stream_ends_that_stream_alone(stage, engine, solo, monkeypatch):
     reqs = [request(k) for k in range(3)]
     poisoned = reqs[2]
@@ -162,6 +171,13 @@ def test_a_dead_worker_fails_its_requests_and_restarts(engine, solo, monkeypatch
     result, wav = collect(engine.submit(request(0)))
     np.testing.assert_array_equal(result.codes, solo[0][0].codes)
     np.testing.assert_array_equal(wav, solo[0][1])
+
+
+@pytest.mark.parametrize("seed", [-1, 2.5, True, "7"])
+def test_a_seed_outside_its_domain_is_refused_at_submit(engine, seed):
+    with pytest.raises(PromptError, match="seed"):
+        engine.submit(replace(request(0), seed=seed))
+    assert engine.health().ok
 
 
 def test_a_prompt_that_cannot_fit_is_refused_at_submit(engine):

@@ -163,3 +163,51 @@ def test_json_logs_access_records_and_gauges(tiny_cv_f32, tmp_path):
     assert ws_record["route"] == "/v1/ws" and ws_record["status"] == 101 and ws_record["voice"] == "serena"
     assert ws_record["frames"] == 4 and ws_record["finish_reason"] == "max_frames" and ws_record["ttfa_s"] > 0
     assert ws_record["rtf"] is None  # a live stream goes at the writer's pace
+
+
+def numeric_flags(parser: argparse.ArgumentParser | None = None, command: str = ""):
+    """(command, action) for every flag of every command whose value is a number."""
+    for action in (parser or build_parser())._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from numeric_flags(sub, f"{command} {name}".strip())
+        elif action.option_strings and action.type is not None and not action.choices \
+                and getattr(action.type, "__name__", "") in ("int", "float"):
+            yield command, action
+
+
+def test_every_numeric_flag_of_every_command_has_a_domain():
+    flags = list(numeric_flags())
+    assert {(c, a.option_strings[-1]) for c, a in flags} >= {("serve", "--max-streams"), ("serve", "--port"),
+                                                             ("synth", "--seed"), ("voice create", "--threads")}
+    for command, action in flags:
+        name = f"{command} {action.option_strings[-1]}"
+        assert action.type not in (int, float), f"{name}: a plain {action.type.__name__} has no domain"
+        for text in ("nan", "inf", "-inf", "-1"):
+            with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+                action.type(text)
+                pytest.fail(f"{name} took {text}")
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--max-streams", "0"], ["serve", "--max-streams", "300"],  # llama.cpp holds at most 256 sequences
+    ["serve", "--max-queue", "-1"], ["serve", "--threads", "-3"], ["serve", "--max-buffered-audio-s", "nan"],
+    ["serve", "--port", "99999"], ["synth", "hello", "--seed", "-1"], ["synth", "hello", "--threads", "100000"],
+    ["voice", "create", "v", "--audio", "a.wav", "--trailing-silence", "-1"], ["make-random", "out", "--seed", "-5"],
+])
+def test_a_number_outside_its_domain_is_a_usage_error(capsys, argv):
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2 and f"argument {argv[-2]}: {argv[-1]} is out of range" in capsys.readouterr().err
+
+
+def test_engine_settings_keep_their_domains():
+    from qwen3_tts_gguf.model import MAX_STREAMS, EngineSettings
+
+    EngineSettings(threads=0, max_streams=MAX_STREAMS, max_pending=0, max_pending_live=0, prefix_cache=0)
+    for bad in (dict(threads=-1), dict(max_streams=0), dict(max_streams=MAX_STREAMS + 1), dict(max_pending=-1),
+                dict(max_buffered_audio_s=float("nan")), dict(max_buffered_audio_s=0.0), dict(prefix_cache=-1),
+                dict(codec_threads=-2), dict(n_ctx=-1)):
+        field = next(iter(bad))
+        with pytest.raises(ValueError, match=field):
+            EngineSettings(**bad)
