@@ -621,31 +621,36 @@ class Engine:
     def _admit(self) -> list[_Active]:
         self._room_changed = False
         admitted, skipped = [], deque()
-        while self._waiting and self._free_seqs:
-            stream = self._waiting.popleft()
-            if stream.cancelled:
-                self._end_unstarted(stream, "cancelled")
-                continue
-            if stream.text.empty():
-                self._end_unstarted(stream, "error", "input text is empty")
-                continue
-            try:
-                act = self._new_active(stream)
-            except Exception as e:  # this stream's own state could not be set up: it alone ends
-                self._fault("admission", e)
-                self._count_error()
-                self._end_unstarted(stream, "error", "the admission failed for this stream")
-                continue
-            if not self._make_room(act.reserved):
-                skipped.append(stream)  # waits until running streams free their cells
-                if self._bypassed >= HEAD_BYPASS_LIMIT:
-                    break  # the first of them has been passed often enough: nothing else goes first
-                continue
-            self._bypassed = self._bypassed + 1 if skipped else 0
-            act.seq = self._free_seqs.pop(0)
-            self._active[act.seq] = act
-            admitted.append(act)
-        self._waiting.extendleft(reversed(skipped))
+        try:
+            while self._waiting and self._free_seqs:
+                stream = self._waiting[0]  # queued until placed: should the loop break, it fails with the rest
+                if stream.cancelled or stream.text.empty():
+                    self._waiting.popleft()
+                    if stream.cancelled:
+                        self._end_unstarted(stream, "cancelled")
+                    else:
+                        self._end_unstarted(stream, "error", "input text is empty")
+                    continue
+                try:
+                    act = self._new_active(stream)
+                except Exception as e:  # this stream's own state could not be set up: it alone ends
+                    self._waiting.popleft()
+                    self._fault("admission", e)
+                    self._count_error()
+                    self._end_unstarted(stream, "error", "the admission failed for this stream")
+                    continue
+                if not self._make_room(act.reserved):
+                    skipped.append(self._waiting.popleft())  # waits until running streams free their cells
+                    if self._bypassed >= HEAD_BYPASS_LIMIT:
+                        break  # the first of them has been passed often enough: nothing else goes first
+                    continue
+                self._bypassed = self._bypassed + 1 if skipped else 0
+                act.seq = self._free_seqs.pop(0)
+                self._active[act.seq] = act
+                self._waiting.popleft()
+                admitted.append(act)
+        finally:
+            self._waiting.extendleft(reversed(skipped))
         return admitted
 
     def _new_active(self, stream: Stream) -> _Active:

@@ -30,8 +30,18 @@ def request(k: int, frames: int = 24, **kw) -> SynthesisRequest:
                             code_predictor=replace(SAMPLED), seed=100 + k, max_frames=frames, ignore_eos=True, **kw)
 
 
+STREAM_END_TIMEOUT_S = 120.0  # a stream the engine lost fails the test instead of hanging the suite
+
+
 def collect(stream):
-    chunks = list(stream)
+    box: list = []
+    reader = threading.Thread(target=lambda: box.append(list(stream)), daemon=True)
+    reader.start()
+    reader.join(STREAM_END_TIMEOUT_S)
+    if reader.is_alive():
+        stream.cancel()
+        pytest.fail(f"the stream did not end within {STREAM_END_TIMEOUT_S:g} s")
+    chunks = box[0]
     wav = np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.float32)
     return stream.result, wav
 
@@ -148,17 +158,18 @@ def test_a_fault_in_one_stream_ends_that_stream_alone(stage, engine, solo, monke
     np.testing.assert_array_equal(result.codes, solo[2][0].codes)
 
 
-def test_a_dead_worker_fails_its_requests_and_restarts(engine, solo, monkeypatch):
-    real_admit = engine._admit
+@pytest.mark.parametrize("broken", ["_admit", "_make_room"])  # before, and while, a queued request is placed
+def test_a_dead_worker_fails_its_requests_and_restarts(engine, solo, monkeypatch, broken):
+    real = getattr(engine, broken)
     killed = threading.Event()
 
-    def admit():
+    def fail_once(*args):
         if not killed.is_set():
             killed.set()
             raise RuntimeError("injected: the loop itself broke")
-        return real_admit()
+        return real(*args)
 
-    monkeypatch.setattr(engine, "_admit", admit)
+    monkeypatch.setattr(engine, broken, fail_once)
     result, _ = collect(engine.submit(request(0)))
     assert result.finish_reason == "error" and "retry" in result.error
     wait_until(lambda: engine.health().status == "failed", what="the engine to report its failure")
