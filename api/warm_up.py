@@ -8,6 +8,10 @@ prompt prefix (role, speaker and language rows) in the engine's prefix cache, so
 prefilled. It runs in the app's lifespan, before uvicorn opens its port, so no client waits on it
 and `/ready` is only ever answered by a warm server. A voice that fits no model is logged and
 skipped; a warm-up that fails is logged and does not stop the server (`/ready` reports engine health).
+
+`all` stands for every voice of each model: its built-in speakers, then the saved voice profiles that
+fit it, as many as its prefix cache holds (`serve --prefix-cache`; more would evict each other). Each
+speaks, so a server warming nine speakers starts a few seconds later (`docs/deploy.md`).
 """
 
 from __future__ import annotations
@@ -30,12 +34,18 @@ log = logging.getLogger("api.warm_up")
 TEXT = "Hello."
 FRAMES = 2  # enough to run every stage once: talker, code predictor, codec
 TIMEOUT_S = 120.0  # per voice and model: a first call on a cold disk can take a while
+ALL = "all"
 
 
 async def warm_up(state: AppState, voices: Sequence[str]) -> int:
     """Speak TEXT in each voice on each served model it fits; returns how many warm-ups finished."""
     done = 0
     for name in voices:
+        if name == ALL:
+            for served in state.registry.models:
+                for voice_name, voice in every_voice(state, served):
+                    done += await _speak(served, voice_name, voice)
+            continue
         fitted = [(served, voice) for served in state.registry.models
                   if (voice := _resolve(state, served, *split_voice(name))) is not None]
         if not fitted:
@@ -43,6 +53,18 @@ async def warm_up(state: AppState, voices: Sequence[str]) -> int:
         for served, voice in fitted:
             done += await _speak(served, name, voice)
     return done
+
+
+def every_voice(state: AppState, served: ServedModel) -> list[tuple[str, VoiceSpec]]:
+    """What `all` warms on one model: its speakers, then the profiles that fit it, language auto; at
+    most as many as its prefix cache holds (at least one, for the runtimes' first calls)."""
+    names = [*served.manifest.speakers, *(entry["id"] for entry in state.voice_profiles.entries())]
+    fitted = [(name, voice) for name in names if (voice := _resolve(state, served, name, None)) is not None]
+    room = max(1, served.engine.prefix_slots)
+    if len(fitted) > room:
+        log.info("warm-up: model %s has %d voices and a prefix cache of %d; warming %s (serve --prefix-cache)",
+                 served.id, len(fitted), room, ", ".join(name for name, _ in fitted[:room]))
+    return fitted[:room]
 
 
 def split_voice(entry: str) -> tuple[str, str | None]:

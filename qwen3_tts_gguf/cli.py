@@ -515,7 +515,7 @@ def _add_limit_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .model import MAX_BUFFERED_AUDIO_S, MAX_PENDING, MAX_STREAMS
+    from .model import MAX_BUFFERED_AUDIO_S, MAX_PENDING, MAX_PREFIX_CACHE, MAX_STREAMS, EngineSettings
 
     parser = argparse.ArgumentParser(prog="python -m qwen3_tts_gguf",
                                      description="Qwen3-TTS-X: local streaming Qwen3-TTS.")
@@ -649,9 +649,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "one; no API key there: docs/integrations.md)")
     p.add_argument("--wyoming-host", metavar="ADDRESS", help="address the Wyoming port binds (default: --host)")
     p.add_argument("--warm-up-voices", type=_voice_list, metavar="VOICES",
-                   help="before the port opens, each of these voices (comma-separated VOICE or VOICE:LANGUAGE, or "
-                        "none) speaks a short text on every model it fits, so that first requests find the runtimes "
-                        "warm and that voice's prompt prefix cached (default alloy, language auto)")
+                   help="before the port opens, each of these voices (comma-separated VOICE or VOICE:LANGUAGE, all "
+                        "for every model's speakers and fitting profiles up to --prefix-cache, or none) speaks a short "
+                        "text on every model it fits, so that first requests find the runtimes warm and that voice's "
+                        "prompt prefix cached (default alloy, language auto)")
+    p.add_argument("--prefix-cache", type=_number(int, 0, MAX_PREFIX_CACHE), default=EngineSettings.prefix_cache,
+                   metavar="N",
+                   help="voice prompt prefixes (role, speaker and language rows) each model keeps prefilled, so a "
+                        "voice's next request prefills only its text; least recently used first out, and given back "
+                        f"whenever streams need the KV cells (0 to {MAX_PREFIX_CACHE}, 0: off; default %(default)s)")
     _add_device_args(p)
     _add_limit_args(p)
     p.set_defaults(func=_cmd_serve)

@@ -381,6 +381,11 @@ class Engine:
         with self._wake:
             self._wake.notify_all()
 
+    @property
+    def prefix_slots(self) -> int:
+        """Voice prefixes the engine keeps prefilled (0 in the deterministic profile)."""
+        return len(self._prefix_seqs)
+
     def clear_prefix_cache(self) -> None:
         """Forget every cached voice prefix (the engine thread frees their KV cells before it
         admits the next request), e.g. to measure a voice's first request."""
