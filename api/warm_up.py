@@ -2,10 +2,10 @@
 
 Each listed voice (`VOICE`, or `VOICE:LANGUAGE` for requests that name a language: the language
 is part of the cached prefix; without one, `auto`, as OpenAI clients send) speaks a short text on
-every served model it fits, through the same engine path as a request. The first real request then finds the runtimes' first-call costs paid (llama.cpp's
-graph and the pages of its memory-mapped weights, ONNX Runtime's first runs) and that voice's
-prompt prefix (role, speaker and language rows) in the engine's prefix cache, so only its text is
-prefilled. It runs in the app's lifespan, before uvicorn opens its port, so no client waits on it
+every served model it fits, through the same engine path as a request. The first real request then
+finds the runtimes' first-call costs paid (llama.cpp's graph and the pages of its memory-mapped
+weights, ONNX Runtime's first runs) and that voice's prompt prefix (role, speaker and language rows)
+in the engine's prefix cache, so only its text is prefilled. It runs in the app's lifespan, before uvicorn opens its port, so no client waits on it
 and `/ready` is only ever answered by a warm server. A voice that fits no model is logged and
 skipped; a warm-up that fails is logged and does not stop the server (`/ready` reports engine health).
 

@@ -552,7 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=_number(float, None))
     p.add_argument("--top-k", type=_COUNT0, help="0: off")
     p.add_argument("--top-p", type=_number(float, 0, 1.0))
-    p.add_argument("--cp-temperature", type=_number(float, None), help="code predictor temperature (official subtalker_*)")
+    p.add_argument("--cp-temperature", type=_number(float, None),
+                   help="code predictor temperature (official subtalker_*)")
     p.add_argument("--cp-top-k", type=_COUNT0)
     p.add_argument("--cp-top-p", type=_number(float, 0, 1.0))
     p.add_argument("--repetition-penalty", type=_number(float, None))

@@ -52,8 +52,9 @@ class EngineSettings:
     max_pending_live: int = 64  # live-text streams waiting for their first final token (apart from max_pending)
     max_buffered_audio_s: float = 10.0  # audio a stream may have made ahead of its reader before it pauses
     max_segment_chars: int = 1000  # longer input is split at sentence ends (decoder state carries over)
-    prefix_cache: int = 16  # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic):
-    #   a CustomVoice model's nine speakers and some profiles, about 12 KV cells each, evicted when streams need them
+    # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic): a CustomVoice model's
+    # nine speakers and some profiles, about 12 KV cells each, evicted when streams need the cells
+    prefix_cache: int = 16
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
     heap_map_threshold: int = MAP_THRESHOLD  # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
     codec_runtime: str = "onnxruntime"  # or "openvino": faster codec, more memory (openvino_session.py; CPU, not deterministic)

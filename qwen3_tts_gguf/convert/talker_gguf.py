@@ -20,6 +20,7 @@ import gguf
 import numpy as np
 
 from ..checkpoint import Checkpoint
+from ..cpus import default_threads
 
 QUANTS = ("f32", "bf16", "f16", "q8_0", "q5_k_m", "q4_k_m", "iq4_nl")
 _DIRECT = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
@@ -111,7 +112,7 @@ def _llama_quantize(src: Path, dst: Path, quant: str, threads: int) -> None:
     quiet_llama_logs()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = _LLAMA_FTYPE[quant]
-    params.nthread = threads
+    params.nthread = default_threads(threads)  # llama.cpp's own 0 would be every core of the machine
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise RuntimeError(f"llama.cpp failed to quantize the talker to {quant} (code {rc})")
