@@ -336,7 +336,7 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
     from .devices import ONNX_DEVICES, parse_gpu_layers
     from .heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD
-    from .model import KV_CELLS_PER_STREAM, MAX_THREADS, MIN_KV_CELLS
+    from .model import KV_CELLS_PER_STREAM, MAX_KV_CELLS, MAX_THREADS, MIN_KV_CELLS
     from .openvino_session import RUNTIMES as CODEC_RUNTIMES
     from .talker import KV_CACHE_TYPES
 
@@ -351,10 +351,11 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                    help="talker KV cache precision: q8_0 takes half the memory of f16, q4_0 a quarter (agreement: "
                         "docs/benchmarks.md); "
                         "--deterministic always uses f32 (default %(default)s)")
-    p.add_argument("--n-ctx", type=_number(int, 512), default=None, metavar="CELLS",
+    p.add_argument("--n-ctx", type=_number(int, 512, MAX_KV_CELLS), default=None, metavar="CELLS",
                    help="talker KV cells shared by all of a model's streams: memory (60 KiB per cell at 0.6B "
                         f"with q8_0, 112 with f16) against how many long texts run at once (default "
-                        f"{KV_CELLS_PER_STREAM} per stream, --max-streams for serve and one for speak, at least {MIN_KV_CELLS})")
+                        f"{KV_CELLS_PER_STREAM} per stream, --max-streams for serve and one for speak, at least {MIN_KV_CELLS}; "
+                        f"512 to {MAX_KV_CELLS})")
     p.add_argument("--no-codec-overlap", action="store_true",
                    help="decode audio on the engine thread between steps instead of on a thread of its own beside "
                         "the talker and code predictor (the fast profile overlaps them on 2+ threads)")

@@ -21,6 +21,9 @@ KV_CELLS_PER_STREAM = 1024
 (so one stream holds a whole segment of `max_segment_chars`: about 250 English text tokens, their
 prompt and their frames at a few per token). The pool is shared: a stream alone may use all of it."""
 MIN_KV_CELLS = 2048
+MAX_KV_CELLS = 1 << 20
+"""The most talker KV cells (`n_ctx`): 60 GiB at 0.6B with a q8_0 cache; fewer may not fit this machine's memory,
+which llama.cpp reports when it makes the context."""
 MAX_THREADS = 256
 """The most threads one runtime is given: beyond the CPUs this process may use they only wait for each other."""
 MAX_STREAMS = 128
@@ -72,7 +75,7 @@ class EngineSettings:
         check("max_buffered_audio_s", 0 < self.max_buffered_audio_s <= MAX_BUFFERED_AUDIO_S,
               f"above 0 and at most {MAX_BUFFERED_AUDIO_S:g} seconds")
         check("prefix_cache", 0 <= self.prefix_cache <= MAX_PREFIX_CACHE, f"0 (off) to {MAX_PREFIX_CACHE}")
-        check("n_ctx", self.n_ctx >= 0, "0 (per stream) or more")
+        check("n_ctx", 0 <= self.n_ctx <= MAX_KV_CELLS, f"0 (per stream) to {MAX_KV_CELLS}")
 
     @property
     def overlaps_codec(self) -> bool:
@@ -118,7 +121,7 @@ class LoadedModel:
         from .codec import CodecDecoder
         from .embeddings import EmbeddingTables
         from .predictor import CodePredictor
-        from .talker import Talker
+        from .talker import Talker, TalkerError
 
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
@@ -148,7 +151,10 @@ class LoadedModel:
             early_codec = load_codec() if settings.codec_runtime == "openvino" else None
         except Exception as e:  # the runtimes raise their own exception types for corrupt graphs
             raise graph_error(e) from e
-        self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant, threads))
+        try:
+            self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant, threads))
+        except TalkerError as e:  # a talker file llama.cpp refuses, or a context it cannot make
+            raise ModelFolderError(f"{self.folder}: {e}") from e
         self.codec_overlap = settings.overlaps_codec
         try:
             self.predictor = CodePredictor(self.folder / self.predictor_file, threads=threads.predictor,

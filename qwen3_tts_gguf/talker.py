@@ -188,7 +188,9 @@ class Talker:
             self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx:
             L.llama_model_free(self._model)
-            raise TalkerError("llama.cpp could not create a context for the talker")
+            self._model = None  # (close() must not free it again)
+            raise TalkerError(f"llama.cpp could not create a context for the talker ({cp.n_ctx} KV cells, "
+                              f"{cp.n_seq_max} sequences): too little memory for that many cells (--n-ctx)?")
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(settings.n_batch, self.hidden_size, settings.max_streams)
         self._step_threads, self._batch_threads = cp.n_threads, cp.n_threads_batch

@@ -268,8 +268,28 @@ def test_damaged_model_folders_are_refused_clearly(tiny_cv_f32, tmp_path):
         f.truncate(1000)
     with pytest.raises(ModelFolderError, match="talker.gguf has 1000 bytes"):
         LoadedModel(broken, EngineSettings())
+    shutil.copy(tiny_cv_f32 / "talker.gguf", broken / "talker.gguf")
+    with open(broken / "talker.gguf", "r+b") as f:  # the right size, not a GGUF file
+        f.write(b"XXXX")
+    with pytest.raises(ModelFolderError, match="llama.cpp could not load the talker"):
+        LoadedModel(broken, EngineSettings())
     with pytest.raises(ModelFolderError, match="no manifest.json"):
         LoadedModel(tmp_path, EngineSettings())
+
+
+def test_a_talker_context_llama_cpp_refuses_is_an_error_not_a_crash(tiny_cv_f32):
+    """More sequences than llama.cpp holds (256): a clear error, and the model it had loaded freed once
+    (it was freed twice, a segfault at exit, when `serve --max-streams` had no bound)."""
+    script = ("import gc, sys\n"
+              "from qwen3_tts_gguf.talker import Talker, TalkerError, TalkerSettings\n"
+              "try:\n"
+              f"    Talker({str(tiny_cv_f32 / 'talker.gguf')!r}, TalkerSettings(n_ctx=4096, max_streams=300))\n"
+              "except TalkerError as e:\n"
+              "    print(e)\n"
+              "gc.collect()\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "could not create a context for the talker (4096 KV cells, 300 sequences)" in done.stdout
 
 
 def test_make_random_then_convert_then_synth_offline(tmp_path):
