@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cpus import StageThreads, default_threads, stage_threads
-from .heap import MAP_THRESHOLD, map_large_blocks, release_freed_heap
+from .heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD, map_large_blocks, release_freed_heap
 from .manifest import (CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, TALKER_FILE, Manifest, ModelFolderError,
                        load_manifest)
 from .manifest import TEXT_TABLES_FILE as TEXT_TABLES
@@ -33,6 +33,8 @@ MAX_PREFIX_CACHE = 128
 MAX_PENDING = 10_000
 """The most requests (and, apart, live-text streams) one model lets wait for a slot."""
 MAX_BUFFERED_AUDIO_S = 600.0
+MAX_CHUNK_FRAMES = 64
+MIN_SEGMENT_CHARS, MAX_SEGMENT_CHARS = 8, 100_000
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,13 @@ class EngineSettings:
               f"above 0 and at most {MAX_BUFFERED_AUDIO_S:g} seconds")
         check("prefix_cache", 0 <= self.prefix_cache <= MAX_PREFIX_CACHE, f"0 (off) to {MAX_PREFIX_CACHE}")
         check("n_ctx", 0 <= self.n_ctx <= MAX_KV_CELLS, f"0 (per stream) to {MAX_KV_CELLS}")
+        check("chunk_frames", len(self.chunk_frames) > 0 and all(1 <= n <= MAX_CHUNK_FRAMES for n in self.chunk_frames),
+              f"one or more frame counts of 1 to {MAX_CHUNK_FRAMES}")
+        check("budget_base_frames", self.budget_base_frames >= 1, "at least 1")
+        check("budget_frames_per_token", self.budget_frames_per_token >= 0, "0 or more")
+        check("max_segment_chars", MIN_SEGMENT_CHARS <= self.max_segment_chars <= MAX_SEGMENT_CHARS,
+              f"{MIN_SEGMENT_CHARS} to {MAX_SEGMENT_CHARS}")
+        check("heap_map_threshold", 0 <= self.heap_map_threshold <= MAX_MAP_THRESHOLD, f"0 to {MAX_MAP_THRESHOLD}")
 
     @property
     def overlaps_codec(self) -> bool:

@@ -202,12 +202,15 @@ def test_a_number_outside_its_domain_is_a_usage_error(capsys, argv):
 
 
 def test_engine_settings_keep_their_domains():
-    from qwen3_tts_gguf.model import MAX_STREAMS, EngineSettings
+    from qwen3_tts_gguf.model import MAX_KV_CELLS, MAX_STREAMS, EngineSettings
 
     EngineSettings(threads=0, max_streams=MAX_STREAMS, max_pending=0, max_pending_live=0, prefix_cache=0)
     for bad in (dict(threads=-1), dict(max_streams=0), dict(max_streams=MAX_STREAMS + 1), dict(max_pending=-1),
                 dict(max_buffered_audio_s=float("nan")), dict(max_buffered_audio_s=0.0), dict(prefix_cache=-1),
-                dict(codec_threads=-2), dict(n_ctx=-1)):
+                dict(codec_threads=-2), dict(n_ctx=-1), dict(n_ctx=MAX_KV_CELLS + 1),
+                dict(chunk_frames=()), dict(chunk_frames=(1, 0)), dict(budget_base_frames=0),
+                dict(budget_frames_per_token=-1), dict(max_segment_chars=0),  # 0 made submit loop forever
+                dict(heap_map_threshold=-5)):
         field = next(iter(bad))
         with pytest.raises(ValueError, match=field):
             EngineSettings(**bad)
