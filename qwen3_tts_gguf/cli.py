@@ -244,6 +244,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     if args.ignore_eos and args.max_frames is None:
         raise CliError("--ignore-eos needs --max-frames")
+    if args.codes_out and not args.codes_out.resolve().parent.is_dir():  # known now, not after the synthesis
+        raise CliError(f"--codes-out {args.codes_out}: no such folder")
     started = time.monotonic()
     with Engine(model) as engine:
         try:
@@ -260,13 +262,14 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                     for _ in stream:  # drain until the engine confirms
                         pass
                     raise
-        except ValueError as e:
-            raise CliError(str(e)) from e
+        except (ValueError, OSError) as e:  # a format it cannot tell, a folder it cannot write to
+            stream.cancel()
+            raise CliError(f"{args.output}: {e.strerror}" if isinstance(e, OSError) and e.strerror else str(e)) from e
     result = stream.result
     if result.finish_reason == "error":
         raise CliError(f"synthesis failed: {result.error}")
     if args.codes_out:
-        np.save(args.codes_out, result.codes.astype(np.int64))
+        _save_codes(args.codes_out, result.codes.astype(np.int64))
     seconds = result.frames * manifest.codec["samples_per_frame"] / model.sample_rate
     elapsed = time.monotonic() - started
     ttfa = result.timings.get("first_audio_s")
@@ -275,6 +278,26 @@ def _cmd_synth(args: argparse.Namespace) -> int:
           + f"), finished by {result.finish_reason}", file=sys.stderr)
     model.close()
     return 0
+
+
+def _save_codes(path: Path, codes) -> None:
+    """`codes` as a .npy file at `path`, written whole or not at all (a temporary file, then renamed)."""
+    import os
+    import tempfile
+
+    import numpy as np
+
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, codes)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        raise CliError(f"--codes-out {path}: {e.strerror or e}") from e
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:

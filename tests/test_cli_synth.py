@@ -26,6 +26,7 @@ def test_stdout_codes_and_wav_agree(tiny_cv_f32, tmp_path):
     pcm = np.frombuffer(raw.stdout, dtype="<i2")
     assert len(pcm) == 5 * 1920
     assert np.load(tmp_path / "c.npy").shape == (5, 16)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy"]  # written through a temporary file, renamed
     _synth(tiny_cv_f32, *BASE, "--max-frames", 5, "-o", tmp_path / "a.wav", check=True)
     wav, rate = sf.read(tmp_path / "a.wav", dtype="int16")
     assert rate == 24000
@@ -51,6 +52,17 @@ def test_bad_input_errors(tiny_cv_f32):
     r = subprocess.run([sys.executable, "-m", "qwen3_tts_gguf", "synth", "   ", "--model", str(tiny_cv_f32)],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and "empty" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_places_it_cannot_write_are_one_line_errors(tiny_cv_f32, tmp_path):
+    r = _synth(tiny_cv_f32, *BASE, "--max-frames", 3, "-o", tmp_path / "missing" / "a.wav", text=True)
+    assert r.returncode == 2 and f"{tmp_path / 'missing' / 'a.wav'}: No such file or directory" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = _synth(tiny_cv_f32, *BASE, "--max-frames", 3, "-o", tmp_path / "a.wav", "--codes-out",
+               tmp_path / "missing" / "c.npy", text=True)
+    assert r.returncode == 2 and "--codes-out" in r.stderr and "no such folder" in r.stderr
+    assert not (tmp_path / "a.wav").exists()  # refused before any synthesis
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_ctrl_c_leaves_a_valid_wav(tiny_cv_f32, tmp_path):
