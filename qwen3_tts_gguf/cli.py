@@ -33,9 +33,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         convert_checkpoint(args.hf_dir, args.output, quant, name=args.name, cp_precision=cp_precision,
                            cp_block_size=args.cp_block_size, overwrite=args.force, verify=not args.no_verify,
                            threads=args.threads)
-    except (CheckpointError, FileExistsError, VerificationError) as e:
+    except (CheckpointError, VerificationError) as e:
         raise CliError(str(e)) from e
+    except OSError as e:
+        raise CliError(_os_message(e)) from e
     return 0
+
+
+def _os_message(e: OSError) -> str:
+    """One line for a file system error: FileExistsError's own message (it says to use --force), else
+    what the system said and where."""
+    if isinstance(e, FileExistsError) or not e.strerror:
+        return str(e)
+    return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
 
 
 def _cmd_make_random(args: argparse.Namespace) -> int:
@@ -51,8 +61,8 @@ def _cmd_make_random(args: argparse.Namespace) -> int:
         try:
             make_random_checkpoint(args.out_dir, args.shape, args.type, seed=args.seed,
                                    tokenizer_dir=args.tokenizer_dir, progress=tick)
-        except FileExistsError as e:
-            raise CliError(str(e)) from e
+        except OSError as e:  # an existing folder (without --force), or one it cannot write
+            raise CliError(_os_message(e)) from e
     print(f"wrote a random {args.shape} {args.type} checkpoint to {args.out_dir}")
     return 0
 
@@ -318,8 +328,10 @@ def _cmd_pull(args: argparse.Namespace) -> int:
         source = args.from_dir or download_checkpoint(args.repo_id, args.source)
         convert_checkpoint(source, out, quant, cp_precision=cp_precision, cp_block_size=args.cp_block_size,
                            overwrite=args.force)
-    except (DownloadError, CheckpointError, FileExistsError, VerificationError) as e:
+    except (DownloadError, CheckpointError, VerificationError) as e:
         raise CliError(str(e)) from e
+    except OSError as e:
+        raise CliError(_os_message(e)) from e
     print(f"ready: {out}")
     return 0
 

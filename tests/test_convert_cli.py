@@ -399,3 +399,13 @@ def test_the_code_predictor_block_size_is_a_choice_of_convert_and_pull(tiny_cv, 
     assert {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"} == {32}
     bad = _cli("convert", tiny_cv, "-o", tmp_path / "bad", "--cp-block-size", "48", check=False)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_an_output_it_cannot_write_is_a_one_line_error(tiny_cv, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for argv in (["make-random", blocker / "ckpt"], ["convert", tiny_cv, "-o", blocker / "model", "--quant", "f32"]):
+        r = _cli(*argv, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines()[-1].startswith("error: Not a directory: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
