@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qwen3_tts_gguf.manifest import ModelFolderError
 from qwen3_tts_gguf.paths import installed_models, model_base_dir
+from qwen3_tts_gguf.voices import VoiceStore
 
 from . import logs
 from .app import create_app
@@ -76,6 +77,12 @@ def run_server(args: argparse.Namespace) -> int:
     except ValueError as e:  # a limit out of its domain (a bad --trusted-proxies address, ...)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NO_MODEL
+    if config.voices_dir is not None:  # fail now, not at every request that names a voice
+        try:
+            VoiceStore(config.voices_dir).check()
+        except NotADirectoryError as e:
+            print(f"error: --voices-dir: {e}", file=sys.stderr)
+            return EXIT_NO_MODEL
     if config.usage_log is not None:  # fail now, not at the first finished stream
         try:
             UsageLog(config.usage_log).check()

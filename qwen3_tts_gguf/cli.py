@@ -86,7 +86,12 @@ def resolve_model_dir(model: Path | None) -> Path:
 def _voice_store(folder: Path | None):
     from .voices import VoiceStore
 
-    return VoiceStore(folder)
+    store = VoiceStore(folder)
+    try:
+        store.check()
+    except NotADirectoryError as e:
+        raise CliError(f"--voices-dir: {e}") from e
+    return store
 
 
 def _find_profile(name: str | None, voices_dir: Path | None, model: Path | None):

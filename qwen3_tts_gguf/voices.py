@@ -262,6 +262,12 @@ class VoiceStore:
             folder = voices_dir()
         self.folder = Path(folder)
 
+    def check(self) -> None:
+        """Raise NotADirectoryError when the folder is something other than a folder (it need not exist
+        yet: the first saved voice makes it)."""
+        if self.folder.exists() and not self.folder.is_dir():
+            raise NotADirectoryError(f"{self.folder} is not a folder")
+
     def path(self, name: str) -> Path:
         return self.folder / (validate_name(name) + SUFFIX)
 
@@ -281,7 +287,7 @@ class VoiceStore:
         try:
             with open(path, "rb") as f:
                 raw = f.read(MAX_FILE_BYTES + 1)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (a folder that is not one holds no voice, as in list)
             raise VoiceNotFoundError(f"no voice named {name!r}") from None
         except IsADirectoryError:
             raise VoiceProfileError(f"voice profile {name!r} is not a file") from None

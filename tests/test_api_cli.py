@@ -40,6 +40,15 @@ def test_serve_without_a_model_says_how_to_get_one(tmp_path):
     assert "make-random" in err and "convert" in err
 
 
+def test_serve_refuses_a_voices_folder_that_is_a_file_before_loading_anything(tmp_path):
+    """(Every request naming a voice was a 500 on such a server: the profile lookup read `<file>/<voice>.json`.)"""
+    blocker = tmp_path / "voices"
+    blocker.write_text("not a folder")
+    proc = serve("--model", str(tmp_path / "no-model"), "--voices-dir", str(blocker), env={})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and f"error: --voices-dir: {blocker} is not a folder" in err, err
+
+
 def test_serve_honours_its_flags_and_stops_cleanly(tiny_cv_f32):
     port = free_port()
     proc = serve("--model", str(tiny_cv_f32), "--host", "127.0.0.1", "--port", str(port), "--threads", "1",

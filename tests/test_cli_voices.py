@@ -99,3 +99,11 @@ def test_design_then_clone(base_home, converted_factory):
     profile = VoiceStore(base_home / "voices").get("narrator")
     assert profile.mode == "icl" and "weather" in profile.ref_text
     assert _cli("voice", "delete", "narrator", env=env).returncode == 0
+
+
+def test_a_voices_folder_that_is_a_file_is_refused(tmp_path):
+    blocker = tmp_path / "voices"
+    blocker.write_text("not a folder")
+    for args in (["list"], ["delete", "v1"]):
+        r = _cli("voice", *args, "--voices-dir", blocker)
+        assert r.returncode == 2 and f"--voices-dir: {blocker} is not a folder" in r.stderr, (args, r.stderr)

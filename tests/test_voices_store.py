@@ -266,3 +266,15 @@ def test_default_folder(monkeypatch, tmp_path):
     store = VoiceStore()
     store.save(make_profile("zed", mode="xvector"))
     assert (tmp_path / "v" / "zed.json").is_file() and store.list() == ["zed"]
+
+
+def test_a_folder_that_is_a_file_holds_no_voice(tmp_path):
+    blocker = tmp_path / "voices"
+    blocker.write_text("not a folder")
+    store = VoiceStore(blocker)
+    with pytest.raises(NotADirectoryError, match="is not a folder"):
+        store.check()
+    assert store.list() == []
+    with pytest.raises(VoiceNotFoundError):
+        store.get("alloy")
+    VoiceStore(tmp_path / "not-yet").check()  # a folder the first saved voice will make
