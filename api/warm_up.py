@@ -5,9 +5,10 @@ is part of the cached prefix; without one, `auto`, as OpenAI clients send) speak
 every served model it fits, through the same engine path as a request. The first real request then
 finds the runtimes' first-call costs paid (llama.cpp's graph and the pages of its memory-mapped
 weights, ONNX Runtime's first runs) and that voice's prompt prefix (role, speaker and language rows)
-in the engine's prefix cache, so only its text is prefilled. It runs in the app's lifespan, before uvicorn opens its port, so no client waits on it
-and `/ready` is only ever answered by a warm server. A voice that fits no model is logged and
-skipped; a warm-up that fails is logged and does not stop the server (`/ready` reports engine health).
+in the engine's prefix cache, so only its text is prefilled. It runs in the app's lifespan, before
+uvicorn opens its port, so no client waits on it and `/ready` is only ever answered by a warm server.
+A voice that fits no model is logged and skipped; a warm-up that fails is logged and does not stop the
+server (`/ready` reports engine health).
 
 `all` stands for every voice of each model: its built-in speakers, then the saved voice profiles that
 fit it, as many as its prefix cache holds (`serve --prefix-cache`; more would evict each other). Each

@@ -40,11 +40,13 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _os_message(e: OSError) -> str:
+def _os_message(e: OSError, path: Path | str | None = None) -> str:
     """One line for a file system error: FileExistsError's own message (it says to use --force), else
-    what the system said and where."""
+    the user's `path` (or the error's own file) and what the system said."""
     if isinstance(e, FileExistsError) or not e.strerror:
-        return str(e)
+        return f"{path}: {e}" if path is not None else str(e)
+    if path is not None:
+        return f"{path}: {e.strerror}"
     return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
 
 
@@ -279,7 +281,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                     raise
         except (ValueError, OSError) as e:  # a format it cannot tell, a folder it cannot write to
             stream.cancel()
-            raise CliError(f"{args.output}: {e.strerror}" if isinstance(e, OSError) and e.strerror else str(e)) from e
+            raise CliError(_os_message(e, args.output) if isinstance(e, OSError) else str(e)) from e
     result = stream.result
     if result.finish_reason == "error":
         raise CliError(f"synthesis failed: {result.error}")
@@ -312,7 +314,7 @@ def _save_codes(path: Path, codes) -> None:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as e:
-        raise CliError(f"--codes-out {path}: {e.strerror or e}") from e
+        raise CliError(f"--codes-out {_os_message(e, path)}") from e
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
@@ -391,11 +393,12 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
                    help="talker KV cache precision: q8_0 takes half the memory of f16, q4_0 a quarter (agreement: "
                         "docs/benchmarks.md); "
                         "--deterministic always uses f32 (default %(default)s)")
-    p.add_argument("--n-ctx", type=_number(int, 512, MAX_KV_CELLS), default=None, metavar="CELLS",
+    min_n_ctx = 512
+    p.add_argument("--n-ctx", type=_number(int, min_n_ctx, MAX_KV_CELLS), default=None, metavar="CELLS",
                    help="talker KV cells shared by all of a model's streams: memory (60 KiB per cell at 0.6B "
                         f"with q8_0, 112 with f16) against how many long texts run at once (default "
                         f"{KV_CELLS_PER_STREAM} per stream, --max-streams for serve and one for speak, at least {MIN_KV_CELLS}; "
-                        f"512 to {MAX_KV_CELLS})")
+                        f"{min_n_ctx} to {MAX_KV_CELLS})")
     p.add_argument("--no-codec-overlap", action="store_true",
                    help="decode audio on the engine thread between steps instead of on a thread of its own beside "
                         "the talker and code predictor (the fast profile overlaps them on 2+ threads)")
