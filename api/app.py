@@ -11,30 +11,34 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from qwen3_tts_gguf import __version__
-from qwen3_tts_gguf.cpus import usable_cpus
-from qwen3_tts_gguf.voices import VoiceStore
+from qwen3_tts_gguf.runtime.cpus import usable_cpus
+from qwen3_tts_gguf.voices.store import VoiceStore
 
-from . import catalog, elevenlabs, headers, health, metrics, speech, websocket
-from . import capabilities as capabilities_module
-from . import realtime as realtime_module
-from . import voice_profiles as voice_profiles_module
-from .clients import ClientLimiter
-from .config import ServerConfig
-from .errors import install_error_handlers
-from .hosts import BrowserGuard
-from .lifecycle import TrackRequests
-from .logs import AccessLog
-from .middleware import PUBLIC_LISTINGS, APIKeyMiddleware, BodyLimits, RequestObserver
-from .registry import ModelRegistry
-from .state import AppState
-from .voice_jobs import VoiceJobs
-from .voices import NoVoiceProfiles, VoiceProfiles
-from .warm_up import warm_up
-from .wyoming import WyomingServer
+from api.config import ServerConfig
+from api.errors import install_error_handlers
+from api.ops import headers, metrics
+from api.ops.clients import ClientLimiter
+from api.ops.hosts import BrowserGuard
+from api.ops.lifecycle import TrackRequests
+from api.ops.logs import AccessLog
+from api.ops.middleware import PUBLIC_LISTINGS, APIKeyMiddleware, BodyLimits, RequestObserver
+from api.protocols import elevenlabs
+from api.protocols import native as websocket
+from api.protocols import realtime as realtime_module
+from api.protocols.wyoming import WyomingServer
+from api.registry import ModelRegistry
+from api.routes import capabilities as capabilities_module
+from api.routes import catalog, health, speech
+from api.routes import elevenlabs as elevenlabs_routes
+from api.routes import voice_profiles as voice_profiles_module
+from api.speaking.warm_up import warm_up
+from api.state import AppState
+from api.voice_jobs import VoiceJobs
+from api.voices import NoVoiceProfiles, StoredVoiceProfiles, VoiceProfiles
 
 # Feature routers, in order.
 ROUTERS: tuple[APIRouter, ...] = (speech.router, websocket.router, catalog.router, voice_profiles_module.router,
-                                  realtime_module.router, elevenlabs.router,
+                                  realtime_module.router, elevenlabs.router, elevenlabs_routes.router,
                                   health.router, metrics.router,
                                   capabilities_module.router)
 
@@ -50,7 +54,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
     `app.state.wyoming` is the Wyoming listener when `config.wyoming_port` asks for one (`wyoming.py`).
     """
     if voice_profiles is None:  # profiles live in config.voices_dir (none when it is not set)
-        voice_profiles = (voice_profiles_module.StoredVoiceProfiles(VoiceStore(config.voices_dir))
+        voice_profiles = (StoredVoiceProfiles(VoiceStore(config.voices_dir))
                           if config.voices_dir is not None else NoVoiceProfiles())
     state = AppState(config=config, registry=registry, voice_profiles=voice_profiles)
     limits = config.limits

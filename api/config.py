@@ -10,11 +10,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
-from qwen3_tts_gguf.model import EngineSettings
+from qwen3_tts_gguf.model.loaded import EngineSettings
 from qwen3_tts_gguf.paths import PROJECT_ROOT, voices_dir
 
-from .clients import parse_networks
-from .limits import ServerLimits
+from api.limits import ServerLimits
+from api.ops.clients import parse_networks
 
 API_KEY_ENV = "QTTS_API_KEY"
 SERVE_WARM_UP_VOICES = ("alloy",)  # OpenAI's best-known voice: what most clients send first
@@ -40,17 +40,17 @@ class ServerConfig:
     limits: ServerLimits = ServerLimits()
     """Bounds on size, time and count (`api/limits.py`)."""
     drain_timeout_s: float = 60.0
-    """On SIGTERM/SIGINT, how long streams in flight may take to finish (`api/lifecycle.py`)."""
+    """On SIGTERM/SIGINT, how long streams in flight may take to finish (`api/ops/lifecycle.py`)."""
     log_format: Literal["text", "json"] = "text"
-    """"text", or "json": one object per log line and an access record per request (`api/logs.py`)."""
+    """"text", or "json": one object per log line and an access record per request (`api/ops/logs.py`)."""
     usage_log: Path | None = None
-    """A file that gets one JSON line per finished stream, every route (`api/usage.py`); None = none."""
+    """A file that gets one JSON line per finished stream, every route (`api/speaking/usage.py`); None = none."""
     wyoming_port: int | None = None
-    """A TCP port for Wyoming, Home Assistant's voice protocol (`api/wyoming.py`); None = none, 0 = any free one."""
+    """A TCP port for Wyoming, Home Assistant's voice protocol (`api/protocols/wyoming.py`); None = none, 0 = any free one."""
     wyoming_host: str | None = None
     """Where the Wyoming port listens; None = `host`."""
     warm_up_voices: tuple[str, ...] = ()
-    """Voices that speak a short text before the port opens (`api/warm_up.py`); `serve` defaults to
+    """Voices that speak a short text before the port opens (`api/speaking/warm_up.py`); `serve` defaults to
     alloy, an app made in code to none (its engines may be test doubles)."""
 
     @classmethod
@@ -89,13 +89,13 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
     """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
     --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap, --codec-threads,
     --heap-map-threshold, --codec-runtime, --prefix-cache). The device settings are checked
-    against this installation (`qwen3_tts_gguf.devices`): ValueError (DeviceError) when GPU layers are
+    against this installation (`qwen3_tts_gguf.runtime.devices`): ValueError (DeviceError) when GPU layers are
     asked of a llama.cpp without a GPU backend or device, or --device names a provider not installed;
     the resolved plan is logged."""
     gpu_layers, device = getattr(args, "gpu_layers", 0) or 0, getattr(args, "device", None) or "cpu"
     codec_runtime = getattr(args, "codec_runtime", None) or EngineSettings.codec_runtime
     if check_devices:
-        from qwen3_tts_gguf.devices import check_device_settings
+        from qwen3_tts_gguf.doctor import check_device_settings
 
         plan = check_device_settings(gpu_layers, device, codec_runtime, args.deterministic)
         logging.getLogger("api.server").info("devices: %s", plan)

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import get_route_path
 
-from .schemas import ErrorResponse
+from api.schemas import ErrorResponse
 
 INVALID_REQUEST = "invalid_request_error"
 RATE_LIMIT = "rate_limit_error"

@@ -6,65 +6,96 @@ a WebSocket `error` event and close for socket limits. `docs/reliability.md` lis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from qwen3_tts_gguf.flags import COUNT, COUNT0, SECONDS
 
 MiB = 1024 * 1024
 MAX_RESUME_WINDOW_S = 600.0
 """The longest `resume_window_s`: a lost stream holds its engine slot while it waits."""
 
 
+def resume_window(text: str) -> float:
+    """An argparse type: seconds from 0 to `MAX_RESUME_WINDOW_S`."""
+    value = float(text)
+    if not 0 <= value <= MAX_RESUME_WINDOW_S:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (0 to {MAX_RESUME_WINDOW_S:g} seconds)")
+    return value
+
+
+resume_window.__name__ = "float"
+
+
+def flag(default: Any, help: str, parse: Any = None, *, repeat: str | None = None) -> Any:
+    """A limit with its `serve` flag (`--` + the field's name): the flag's help text and argparse type,
+    or `repeat`: a repeatable flag with that metavar (`api/cli_args.py` derives the flags from these)."""
+    return field(default=default, metadata={"help": help, "parse": parse, "repeat": repeat})
+
+
 @dataclass(frozen=True)
 class ServerLimits:
-    """Bounds on what one client may send or hold. `serve` flags set each one."""
+    """Bounds on what one client may send or hold. Each field is a `serve` flag of the same name (`flag`)."""
 
     # -- HTTP requests ------------------------------------------------------------------------
-    max_body_bytes: int = 1 * MiB
+    max_body_bytes: int = flag(1 * MiB, "bytes of a JSON request body (413 above)", COUNT)
     """A JSON request body (413 above)."""
-    max_upload_bytes: int = 25 * MiB
+    max_upload_bytes: int = flag(25 * MiB, "bytes of a voice upload (multipart; 413 above)", COUNT)
     """A multipart body (voice upload: one audio file and a few text fields; OpenAI's 25 MB)."""
-    max_form_fields: int = 8
+    max_form_fields: int = flag(8, "parts of a voice upload, the audio file included (400 above)", COUNT)
     """Parts of a multipart voice upload (one of them a file)."""
-    body_timeout_s: float = 30.0
+    body_timeout_s: float = flag(30.0, "seconds for a request body to arrive after its headers (408)", SECONDS)
     """A request body must arrive within this many seconds of its headers (else 408 / dropped)."""
-    header_timeout_s: float = 10.0
+    header_timeout_s: float = flag(
+        10.0, "seconds for a connection to send a complete request head (then closed)", SECONDS)
     """A connection must send a complete request head within this many seconds of opening (or of
     its previous response) or it is closed."""
-    max_connections: int = 256
+    max_connections: int = flag(256, "open connections in all (503 above)", COUNT)
     """Open HTTP connections and WebSockets in all (uvicorn's limit_concurrency: 503 above)."""
-    max_requests_per_client: int | None = None
-    """Active plus waiting speech streams of one client (its address, see `api/clients.py`: the one
+    max_requests_per_client: int | None = flag(
+        None, "speech streams (active + waiting) of one client address (429 above); default: half the default "
+              "model's --max-streams, at least 1", COUNT)
+    """Active plus waiting speech streams of one client (its address, see `api/ops/clients.py`: the one
     shared API key names no client); None = half the slots of the default model, at least 1 (below
     the slot count, so no client takes them all)."""
-    trusted_proxies: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] = flag(
+        (), "proxy address or network whose X-Forwarded-For names the client (repeat; default none)", repeat="ADDRESS")
     """Peer addresses whose `X-Forwarded-For` names the client (a load balancer in front)."""
-    allowed_hosts: tuple[str, ...] | None = None
+    allowed_hosts: tuple[str, ...] | None = flag(
+        None, "Host name accepted (repeat; '*' = any, '*.example.com' = subdomains); default: the loopback "
+              "names when bound to a loopback address, else any", repeat="HOST")
     """`Host` names accepted (DNS-rebinding guard); None = the loopback names when bound to a
     loopback address, any host otherwise. `/health` and `/ready` are exempt."""
-    send_timeout_s: float = 30.0
+    send_timeout_s: float = flag(30.0, "seconds a client may read none of its audio before it is ended", SECONDS)
     """A client that reads none of its audio for this long is ended (HTTP body or WebSocket)."""
     # -- WebSocket ----------------------------------------------------------------------------
-    ws_max_message_bytes: int = 64 * 1024
+    ws_max_message_bytes: int = flag(64 * 1024, "bytes of one WebSocket message", COUNT)
     """One WebSocket message from a client."""
-    ws_max_session_chars: int = 4096
+    ws_max_session_chars: int = flag(4096, "characters of text one WebSocket stream may take", COUNT)
     """Text one live session may take (as `input` of the speech route)."""
-    ws_max_session_s: float = 600.0
+    ws_max_session_s: float = flag(600.0, "seconds one WebSocket stream may last", SECONDS)
     """A live session's whole length, from `start` to `done`."""
-    ws_idle_timeout_s: float = 30.0
+    ws_idle_timeout_s: float = flag(
+        30.0, "seconds a WebSocket stream may go without text before it is stopped", SECONDS)
     """A session with no non-empty text for this long is stopped as if `stop` had come."""
-    max_sockets: int = 64
+    max_sockets: int = flag(64, "open WebSockets in all", COUNT)
     """Open WebSockets in all."""
-    max_sockets_per_client: int = 8
+    max_sockets_per_client: int = flag(8, "open WebSockets of one client", COUNT)
     """Open WebSockets of one client."""
-    resume_window_s: float = 30.0
+    resume_window_s: float = flag(
+        30.0, "seconds a resumable WebSocket stream whose connection was lost waits (paused) for its resume "
+              "before it is cancelled; 0 = no resume (0-600)", resume_window)
     """How long a resumable `/v1/ws` stream whose socket was lost waits, paused, for its `resume`
     before it is cancelled (0 to `MAX_RESUME_WINDOW_S`; 0 = streams are never resumable)."""
-    max_detached_streams: int = 16
+    max_detached_streams: int = flag(
+        16, "resumable WebSocket streams waiting for their resume at once; past it a lost stream is cancelled", COUNT0)
     """Resumable streams waiting for their `resume` at once, in all (each keeps its client's speech
     place and its engine slot); a stream whose socket is lost past this is cancelled at once."""
     # -- voice work ---------------------------------------------------------------------------
-    voice_workers: int = 1
+    voice_workers: int = flag(1, "threads that clone and design voices", COUNT)
     """Threads that clone and design voices (apart from the speech path)."""
-    voice_queue: int = 2
+    voice_queue: int = flag(2, "voice jobs waiting for a worker (429 above)", COUNT0)
     """Voice jobs waiting for a worker before 429."""
 
     def __post_init__(self) -> None:

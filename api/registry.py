@@ -20,11 +20,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3_tts_gguf.manifest import MANIFEST, Manifest
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.scheduler import Engine, EngineHealth
+from qwen3_tts_gguf.engine.scheduler import Engine, EngineHealth
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.manifest import MANIFEST, Manifest
 
-from .errors import model_not_found
+from api.errors import model_not_found
 
 log = logging.getLogger("api.registry")
 

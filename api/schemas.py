@@ -13,10 +13,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from qwen3_tts_gguf.audio_encoding import MAX_SPEED, MIN_SPEED
+from qwen3_tts_gguf.audio.encoding import MAX_SPEED, MIN_SPEED
 
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
@@ -40,7 +49,7 @@ MAX_REPETITION_PENALTY = 100.0
 WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 NOT_BLANK_PATTERN = f"[^{WHITESPACE}]"
 
-ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]  # = audio_encoding.FORMATS (a test checks)
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]  # = audio.encoding.FORMATS (a test checks)
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 
 
@@ -126,7 +135,7 @@ class ErrorResponse(BaseModel):
 
 
 class Usage(BaseModel):
-    """What one stream used (`api/usage.py`): OpenAI's token counts, then characters, audio and timing."""
+    """What one stream used (`api/speaking/usage.py`): OpenAI's token counts, then characters, audio and timing."""
 
     input_tokens: int
     output_tokens: int
@@ -164,7 +173,7 @@ SPEECH_SSE_EVENT = {"oneOf": [
     _event("error", error=_ERROR_OBJECT),
 ]}
 """One SSE event's JSON (its `data:` line) on the speech route: deltas (each followed by `speech.progress`
-when asked: `api/progress.py`), then `done`, or an `error` last."""
+when asked: `api/speaking/progress.py`), then `done`, or an `error` last."""
 
 
 def speech_sse_openapi() -> dict:
@@ -283,7 +292,7 @@ class Readiness(BaseModel):
     models: list[EngineReadiness]
 
 
-VOICE_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # = qwen3_tts_gguf.voices.NAME_RE (a test checks)
+VOICE_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # = qwen3_tts_gguf.voices.store.NAME_RE (a test checks)
 
 
 def voice_upload_openapi(field_chars: dict[str, int]) -> dict:

@@ -8,18 +8,18 @@ import logging
 import sys
 from pathlib import Path
 
-from qwen3_tts_gguf.manifest import ModelFolderError
+from qwen3_tts_gguf.model.manifest import ModelFolderError
 from qwen3_tts_gguf.paths import installed_models, model_base_dir
-from qwen3_tts_gguf.voices import VoiceStore
+from qwen3_tts_gguf.voices.store import VoiceStore
 
-from . import logs
-from .app import create_app
-from .config import ServerConfig, engine_settings_from_args
-from .connections import uvicorn_config
-from .hosts import is_loopback
-from .lifecycle import DrainingServer
-from .registry import ModelRegistry
-from .usage import UsageLog
+from api.app import create_app
+from api.config import ServerConfig, engine_settings_from_args
+from api.ops import logs
+from api.ops.connections import uvicorn_config
+from api.ops.hosts import is_loopback
+from api.ops.lifecycle import DrainingServer
+from api.registry import ModelRegistry
+from api.speaking.usage import UsageLog
 
 log = logging.getLogger("api.server")
 
@@ -40,8 +40,8 @@ def how_to_get_a_model(base: Path) -> str:
 
 def pull_default_model(base: Path) -> Path | None:
     """First start without a model: download and convert the default one (None when that fails)."""
+    from qwen3_tts_gguf.convert.download import download_checkpoint
     from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
-    from qwen3_tts_gguf.download import download_checkpoint
 
     out = base / f"{DEFAULT_REPO.rsplit('/', 1)[-1]}-{DEFAULT_QUANT}"
     print(f"no model under {base}: downloading {DEFAULT_REPO} and converting it to {out} ...", file=sys.stderr)

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from .config import ServerConfig
-from .metrics import Metrics
-from .registry import ModelRegistry
-from .voices import NoVoiceProfiles, VoiceProfiles
+from api.config import ServerConfig
+from api.ops.metrics import Metrics
+from api.registry import ModelRegistry
+from api.voices import NoVoiceProfiles, VoiceProfiles
 
 
 @dataclass

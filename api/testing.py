@@ -12,8 +12,8 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from .config import ServerConfig
-from .connections import uvicorn_config
+from api.config import ServerConfig
+from api.ops.connections import uvicorn_config
 
 
 class ServerThread:

@@ -18,9 +18,9 @@ from typing import TypeVar
 from starlette.requests import HTTPConnection, Request
 from starlette.types import Receive
 
-from qwen3_tts_gguf.voice_design import Cancellation
+from qwen3_tts_gguf.voices.design import Cancellation
 
-from .errors import RATE_LIMIT, APIError, unavailable
+from api.errors import RATE_LIMIT, APIError, unavailable
 
 T = TypeVar("T")
 RETRY_AFTER_S = 2

@@ -9,19 +9,29 @@ Rules by model type (manifest.model_type):
 - voice_design: the instructions describe the voice, and `voice` is accepted and ignored. A
   request without instructions gets the description of its OpenAI voice name (so clients that only
   know `tts-1` + `alloy` still work); with neither it is a 400.
-- base (voice cloning): only voice profiles speak (`api/voice_profiles.py`).
+- base (voice cloning): only voice profiles speak.
+
+`StoredVoiceProfiles` is the server's `VoiceProfiles`: profiles in the voices folder
+(`qwen3_tts_gguf.voices.store.VoiceStore`), used by name from any request (`voice="alice"` or
+`{"id": "alice"}`). A profile names the Base model it was made with: a request whose `model` is
+the default or one of OpenAI's aliases speaks with that model (`model_for_voice`). They are created
+and deleted over HTTP in `api/routes/voice_profiles.py`.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Protocol
 
-from qwen3_tts_gguf.manifest import Manifest
-from qwen3_tts_gguf.prompt import PromptError, VoiceSpec, resolve_language
+from qwen3_tts_gguf.model.manifest import Manifest
+from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec, resolve_language
+from qwen3_tts_gguf.voices.clone import VoiceCloner
+from qwen3_tts_gguf.voices.store import VoiceNotFoundError, VoiceProfile, VoiceProfileError, VoiceStore
 
-from .errors import invalid_request
-
+from api.errors import invalid_request
+from api.registry import OPENAI_MODEL_ALIASES, ModelRegistry, ServedModel
 
 LANGUAGE_CODES = {"chinese": "zh", "english": "en", "german": "de", "italian": "it", "portuguese": "pt",
                   "spanish": "es", "japanese": "ja", "korean": "ko", "french": "fr", "russian": "ru"}
@@ -86,7 +96,7 @@ OFFICIAL_SPEAKERS: dict[str, SpeakerInfo] = {
 
 
 class VoiceProfiles(Protocol):
-    """Saved voice profiles (voices/, `qwen3_tts_gguf.voices.VoiceStore`): the Voices issue
+    """Saved voice profiles (voices/, `qwen3_tts_gguf.voices.store.VoiceStore`): the Voices issue
     implements this and passes it to `create_app(voice_profiles=...)`.
 
     A profile is looked up before speaker names and OpenAI names, for every model type.
@@ -184,3 +194,61 @@ def _unknown_voice_message(manifest: Manifest, voice_id: str) -> str:
                 f"({manifest.model_type}) speaks only with voice profiles.")
     return (f"Voice '{voice_id}' is not available for model '{manifest.name}'. Speakers: "
             f"{', '.join(manifest.speakers)}; OpenAI voice names: {', '.join(OPENAI_VOICES)}.")
+
+
+class StoredVoiceProfiles:
+    """Voice profiles of one folder, with a cloner per Base model (created on first use)."""
+
+    def __init__(self, store: VoiceStore):
+        self.store = store
+        self._cloners: dict[Path, VoiceCloner] = {}
+        self._lock = threading.Lock()
+
+    def get(self, voice_id: str) -> VoiceProfile | None:
+        try:
+            return self.store.get(voice_id)
+        except (VoiceNotFoundError, VoiceProfileError):
+            return None  # not a (valid) profile name: the caller tries speakers next
+
+    def lookup(self, voice_id: str, manifest: Manifest) -> VoiceSpec | None:
+        profile = self.get(voice_id)
+        if profile is None:
+            return None
+        try:
+            profile.check_model(manifest.model_type, manifest.model_size, int(manifest.talker["hidden_size"]))
+        except VoiceProfileError as e:
+            raise invalid_request(str(e), param="voice") from None
+        return profile.voice_spec()
+
+    def entries(self) -> list[dict]:
+        out = []
+        for name in self.store.list():
+            profile = self.get(name)
+            if profile is not None:
+                out.append({"id": name, "name": name, "mode": profile.mode, "language": profile.language,
+                            "model": profile.model, "model_size": profile.model_size,
+                            "created_at": profile.created_at})
+        return out
+
+    def cloner(self, served: ServedModel) -> VoiceCloner:
+        """The cloner of a Base model; the first call loads its encoders (slow: call it on a voice thread)."""
+        with self._lock:
+            if served.folder not in self._cloners:
+                self._cloners[served.folder] = VoiceCloner(served.folder, threads=served.model.settings.threads or None)
+            return self._cloners[served.folder]
+
+
+def model_for_voice(registry: ModelRegistry, model_id: str, voice_id: str, profiles) -> ServedModel:
+    """The model a request speaks with: the one it names, or, when it names the default or an OpenAI
+    alias and its voice is a profile, the Base model that profile was made with."""
+    served = registry.resolve(model_id)
+    if not isinstance(profiles, StoredVoiceProfiles) or served.manifest.model_type == "base":
+        return served
+    if model_id not in OPENAI_MODEL_ALIASES and served is not registry.default:
+        return served
+    profile = profiles.get(voice_id)
+    if profile is None:
+        return served
+    fits = [m for m in registry.models if m.manifest.model_type == "base" and m.manifest.model_size == profile.model_size]
+    named = [m for m in fits if profile.model in (m.id, m.manifest.name, m.folder.name)]
+    return (named or fits or [served])[0]

@@ -1,5 +1,7 @@
+"""`python -m bench`: hands the command line to bench.cli."""
+
 import sys
 
-from .cli import main
+from bench.cli import main
 
 sys.exit(main())

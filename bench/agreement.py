@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, TEXT_TABLES_FILE
+from qwen3_tts_gguf.model.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, TEXT_TABLES_FILE
 
-from .codec_precision import CHUNKS, decode_chunked, snr_db
-from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE
+from bench.codec_precision import CHUNKS, decode_chunked, snr_db
+from bench.common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE
 
 STEPS = sum(CHUNKS)  # teacher-forced talker steps after the prompt (48): their codes are also decoded in CHUNKS
 
@@ -33,7 +33,7 @@ def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
 def _talker_run(folder: Path, quant: str, rows: np.ndarray, threads: int,
                 kv_cache: str = "f16") -> tuple[np.ndarray, np.ndarray]:
     """Logits and hidden states after each of the last STEPS+1 rows, decoded one row at a time."""
-    from qwen3_tts_gguf.talker import Talker, TalkerSettings, repack_pays
+    from qwen3_tts_gguf.model.talker import Talker, TalkerSettings, repack_pays
 
     talker = Talker(folder / TALKER_FILE, TalkerSettings(n_ctx=512, max_streams=1, threads=threads,
                                                              repack=repack_pays(quant), kv_cache=kv_cache))
@@ -45,10 +45,10 @@ def _talker_run(folder: Path, quant: str, rows: np.ndarray, threads: int,
 
 def _teacher_rows(folder: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The headline prompt's rows, then STEPS frames of random codes (teacher forcing): (rows, codes)."""
-    from qwen3_tts_gguf.embeddings import EmbeddingTables
-    from qwen3_tts_gguf.manifest import load_manifest
-    from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
-    from qwen3_tts_gguf.tokenizer import TextTokenizer
+    from qwen3_tts_gguf.model.embeddings import EmbeddingTables
+    from qwen3_tts_gguf.model.manifest import load_manifest
+    from qwen3_tts_gguf.model.prompt import PromptBuilder, VoiceSpec
+    from qwen3_tts_gguf.model.tokenizer import TextTokenizer
 
     manifest = load_manifest(folder)
     tables = EmbeddingTables(folder / TEXT_TABLES_FILE)
@@ -80,9 +80,9 @@ def talker_agreement(talkers: dict[str, Path], ref_quant: str, threads: int,
 
 def measure(folders: dict[str, str], threads: int) -> dict:
     """`folders`: {"quant/cp": model folder} as the orchestrator converted them."""
-    from qwen3_tts_gguf.codec import CodecDecoder
-    from qwen3_tts_gguf.predictor import CodePredictor
-    from qwen3_tts_gguf.sampler import SamplingParams, pack
+    from qwen3_tts_gguf.model.codec import CodecDecoder
+    from qwen3_tts_gguf.model.predictor import CodePredictor
+    from qwen3_tts_gguf.model.sampler import SamplingParams, pack
 
     folders = {k: Path(v) for k, v in folders.items()}
     talkers = {k.split("/")[0]: f for k, f in folders.items()}
@@ -95,7 +95,7 @@ def measure(folders: dict[str, str], threads: int) -> dict:
     ref_code0 = ref_logits.argmax(-1)
 
     # the KV cache's precision, on the headline talker: each quantized cache's cells against f16 cells
-    from qwen3_tts_gguf.talker import KV_CACHE_TYPES
+    from qwen3_tts_gguf.model.talker import KV_CACHE_TYPES
 
     kv_quant = "q8_0" if "q8_0" in talkers else ref_quant
     f16_cells, _ = (ref_logits, None) if kv_quant == ref_quant else _talker_run(talkers[kv_quant], kv_quant, rows, threads)

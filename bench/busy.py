@@ -10,7 +10,7 @@ baseline of every slowdown.
 
 Our engine also runs with llama.cpp's OpenMP threads spinning at every barrier
 (`OMP_WAIT_POLICY=ACTIVE` with no spin count, which spins for ever: what the engine did before it
-capped the spin in `qwen3_tts_gguf.cpus.import_llama`). That session is started only for its own runs and closed
+capped the spin in `qwen3_tts_gguf.runtime.cpus.import_llama`). That session is started only for its own runs and closed
 right after: its idle OpenMP threads spin too, so while it is alive it is a background load of its
 own.
 
@@ -33,7 +33,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 
-from .common import Meter, wait_for_quiet
+from bench.common import Meter, wait_for_quiet
 
 # (key, stress-ng arguments, what it is); "none" is the baseline of the block
 LOADS = (
@@ -127,8 +127,8 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
             quiet_s: float, budget_s: float | None, official: bool = True,
             timeout_s: float = 600, step=None) -> dict:
     """Every load of LOADS in turn; returns the block for results["busy"]."""
-    from . import machine
-    from .cli import Budget, Session
+    from bench import machine
+    from bench.session import Budget, Session
 
     out = {"shape": HEADLINE[0], "quant": HEADLINE[1], "cp": HEADLINE[2], "threads": threads, "frames": frames,
            "reps": reps, "official_reps": official_reps if official else 0,

@@ -9,7 +9,7 @@ stress-ng loads, ours and official side by side), merged into the latest saved f
 `python -m bench --only codec`: only the codec-precision block (fp16, int8, the Snake with `Sin`: speed and SNR).
 `python -m bench --only latency`: only the time to first audio of the configurations a user can choose.
 
-`python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak.py).
+`python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak/).
 """
 
 from __future__ import annotations
@@ -18,43 +18,16 @@ import argparse
 import importlib
 import importlib.util
 import json
-import os
-import queue
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 from qwen3_tts_gguf.convert.presets import PRESETS
 from qwen3_tts_gguf.convert.talker_gguf import QUANTS as TALKER_QUANTS
-from qwen3_tts_gguf.cpus import OPENMP_WAIT_VARS
-from qwen3_tts_gguf.manifest import MANIFEST, PREDICTOR_FILE, TALKER_FILE
+from qwen3_tts_gguf.model.manifest import MANIFEST, PREDICTOR_FILE, TALKER_FILE
 
-from .common import CACHE, LONG_FRAMES, OUT, ROOT, wait_for_quiet
-
-# As the bench was started, before anything here loads llama_cpp: `qwen3_tts_gguf.cpus.import_llama` sets the
-# engine's OMP_WAIT_POLICY in the process that loads it (here: converting a model), and the workers must not
-# inherit that: the official pipeline's PyTorch (libgomp too) runs as its users run it.
-LAUNCH_OPENMP_WAITS = {k: os.environ.get(k) for k in OPENMP_WAIT_VARS}
-
-
-def child_env(extra: dict | None = None) -> dict:
-    """A worker's environment: this process's, OpenMP's wait variables as launched (loading llama_cpp here
-    sets the engine's), then `extra` (None removes)."""
-    env = dict(os.environ)
-    for k, v in LAUNCH_OPENMP_WAITS.items():
-        env.pop(k, None)
-        if v is not None:
-            env[k] = v
-    for k, v in (extra or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
-
+from bench.common import CACHE, LONG_FRAMES, OUT, ROOT, wait_for_quiet
+from bench.session import Budget, Progress, Session, one_shot
 
 QUANTS = ("f16", "q8_0", "q5_k_m", "q4_k_m")  # the full run's; `--quants` takes any of TALKER_QUANTS
 CP_PRECISIONS = ("int8", "fp32", "int4")  # the first is the users' default (the converter's default)
@@ -163,117 +136,11 @@ def _plan(args) -> dict:
     return plan
 
 
-class Progress:
-    """One tqdm bar for the whole run; workers' `@progress` lines become its postfix."""
-
-    def __init__(self, bar):
-        self.bar = bar
-
-    def pump(self, stream, tail: list) -> None:
-        for line in stream:
-            if line.startswith("@progress "):
-                self.bar.set_postfix_str(line[10:].strip()[:60])
-            else:
-                tail.append(line.rstrip())
-                del tail[:-40]
-
-
-class Session:
-    """A `bench.worker session` process: one loaded model, operations on request."""
-
-    def __init__(self, progress: Progress, label: str, kind: str, params: dict, timeout: float = 1800,
-                 env: dict | None = None):
-        self.label, self.timeout, self.progress = label, timeout, progress
-        self.tail: list[str] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker", "session", kind, json.dumps(params)],
-                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1, env=child_env(env))
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=progress.pump, args=(self.proc.stderr, self.tail), daemon=True).start()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.ready = self._next()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def _next(self) -> dict:
-        try:
-            line = self.lines.get(timeout=self.timeout)
-        except queue.Empty:
-            self.proc.kill()
-            return {"error": f"no answer within {self.timeout:.0f} s"}
-        if line is None:
-            self.proc.wait(timeout=30)
-            return {"error": f"worker exited with {self.proc.returncode}: " + " | ".join(self.tail[-5:])}
-        result = json.loads(line)
-        if "error" in result:
-            self.progress.bar.write(f"[{self.label}] {result['error']}\n" + "\n".join(self.tail[-12:]))
-        return result
-
-    @property
-    def ok(self) -> bool:
-        return "error" not in self.ready
-
-    def call(self, **op) -> dict:
-        if not self.ok or self.proc.poll() is not None:
-            return {"error": self.ready.get("error", "the worker is gone")}
-        self.proc.stdin.write(json.dumps(op) + "\n")
-        self.proc.stdin.flush()
-        return self._next()
-
-    def close(self) -> dict:
-        summary = self.call(op="summary") if self.ok else dict(self.ready)
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
-        except Exception:
-            self.proc.kill()
-        return summary
-
-
-def one_shot(progress: Progress, task: str, params: dict, timeout: float = 1800) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        proc = subprocess.Popen([sys.executable, "-m", "bench.worker", task, json.dumps(params), str(out)],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env=child_env())
-        tail: list[str] = []
-        pump = threading.Thread(target=progress.pump, args=(proc.stderr, tail), daemon=True)
-        pump.start()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        pump.join(timeout=5)
-        result = json.loads(out.read_text()) if out.exists() else {"error": f"worker exited with {proc.returncode}"}
-        if "error" in result:
-            progress.bar.write(f"[{task}] failed: {result['error']}\n" + "\n".join(tail[-12:]))
-        return result
-
-
-class Budget:
-    """Optional runs are skipped when they would end past the budget (quick mode)."""
-
-    def __init__(self, seconds: float | None):
-        self.seconds, self.start, self.skipped = seconds, time.perf_counter(), []
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def allows(self, what: str, estimate_s: float) -> bool:
-        if self.seconds is None or self.elapsed() + estimate_s <= self.seconds:
-            return True
-        self.skipped.append(what)
-        return False
-
-
 def run(args) -> dict:
     from tqdm import tqdm
 
-    from . import machine, prepare
-    from .physics import predictor_cost, talker_cost
+    from bench import machine, prepare
+    from bench.physics import predictor_cost, talker_cost
 
     plan = _plan(args)
     info = machine.describe()
@@ -460,7 +327,7 @@ def run(args) -> dict:
 
 def _busy(progress, log, step, plan: dict, threads: int, official: bool) -> dict:
     """The busy-machine block on the 0.6B headline configuration (q8_0 talker, int8 code predictor)."""
-    from . import busy
+    from bench import busy
 
     ckpt, folder = _headline_model(threads, log)
     return busy.measure(progress, log, model_dir=str(folder), checkpoint=str(ckpt), threads=threads,
@@ -473,7 +340,7 @@ def _busy(progress, log, step, plan: dict, threads: int, official: bool) -> dict
 
 def _converted_model(threads: int, log, shape: str, quant: str, cp: str) -> tuple[Path, Path]:
     """The checkpoint of `shape` and its folder converted to talker `quant`, code predictor `cp`."""
-    from . import prepare
+    from bench import prepare
 
     ckpt, _ = prepare.ensure_checkpoint(shape, log)
     return ckpt, prepare.ensure_converted(ckpt, shape, quant, cp, threads, log)
@@ -481,7 +348,7 @@ def _converted_model(threads: int, log, shape: str, quant: str, cp: str) -> tupl
 
 def _headline_model(threads: int, log, shape: str | None = None) -> tuple[Path, Path]:
     """The checkpoint and converted folder of the headline configuration (busy.HEADLINE: 0.6B, or `shape`)."""
-    from . import busy
+    from bench import busy
 
     headline, quant, cp = busy.HEADLINE
     return _converted_model(threads, log, shape or headline, quant, cp)
@@ -496,7 +363,7 @@ def _memory(progress, threads: int, shapes: list[str]) -> dict:
     (LEAN_MEMORY), and the other shapes in `shapes` (the default KV cache only)."""
     from qwen3_tts_gguf.convert.presets import PRESETS
 
-    from . import memory
+    from bench import memory
 
     _, folder = _headline_model(threads, progress.bar.write)
     block = memory.measure(progress, str(folder), threads, frames=MEMORY_FRAMES)
@@ -515,7 +382,7 @@ def _memory(progress, threads: int, shapes: list[str]) -> dict:
 def _overlap(threads: int, quiet_s: float) -> dict:
     """The codec-overlap block (bench.experiments.codec_overlap): the codec inline against overlapped, every
     way, on the default weights; then the default against OpenVINO with `--preset fast` (under "fast")."""
-    from . import experiments, machine
+    from bench import experiments, machine
 
     origin = machine.block_origin()
 
@@ -532,7 +399,7 @@ def _overlap(threads: int, quiet_s: float) -> dict:
 
 def _first_audio(progress, threads: int, quiet_s: float) -> dict:
     """The time-to-first-audio block (bench/first_audio.py): the configurations side by side, 0.6B."""
-    from . import first_audio, machine
+    from bench import first_audio, machine
 
     origin = machine.block_origin()
 
@@ -544,7 +411,7 @@ def _first_audio(progress, threads: int, quiet_s: float) -> dict:
 
 def _codec(progress, threads: int, quiet_s: float) -> dict:
     """The codec-precision block on the headline model's codec (bench/codec_precision.py), in a worker."""
-    from . import machine
+    from bench import machine
 
     _, folder = _headline_model(threads, progress.bar.write)
     origin = machine.block_origin()
@@ -608,7 +475,7 @@ def _best_limits(runs: list[dict]) -> dict:
     return best
 
 
-SUBCOMMANDS = {"soak": "bench.soak"}  # `python -m bench NAME ...`: NAME's module parses the rest
+SUBCOMMANDS = {"soak": "bench.soak.run"}  # `python -m bench NAME ...`: NAME's module parses the rest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -617,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
     args.doc = report_path(args)
-    from .report import ONLY_RENDERERS, render, splice_section
+    from bench.report.page import ONLY_RENDERERS, render, splice_section
 
     if args.only:
         results = run_only(args)

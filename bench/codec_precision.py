@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import Meter, median, wait_for_quiet
+from bench.common import Meter, median, wait_for_quiet
 
 CHUNKS = (1, 2, 4, 8, 8, 8, 8, 9)  # 48 frames as the engine emits them
 GATE_DB = 40.0
@@ -56,10 +56,10 @@ def build_variants(model_dir: Path, out_dir: Path) -> dict[str, Path]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from qwen3_tts_gguf.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
     from qwen3_tts_gguf.convert.onnx_builder import save_model
-    from qwen3_tts_gguf.manifest import CODEC_FILE, load_manifest
+    from qwen3_tts_gguf.model.manifest import CODEC_FILE, load_manifest
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
     source = model_dir / CODEC_FILE
@@ -80,8 +80,8 @@ def build_variants(model_dir: Path, out_dir: Path) -> dict[str, Path]:
 
 def load_variant(name: str, path: Path, threads: int):
     """The variant's CodecDecoder: ONNX Runtime's session, or OpenVINO's at the variant's precision."""
-    from qwen3_tts_gguf.codec import CodecDecoder
-    from qwen3_tts_gguf.openvino_session import OpenVINOSession
+    from qwen3_tts_gguf.model.codec import CodecDecoder
+    from qwen3_tts_gguf.model.openvino_session import OpenVINOSession
 
     if name not in OPENVINO_PRECISIONS:
         return CodecDecoder(path, threads=threads)

@@ -29,15 +29,22 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen3_tts_gguf.manifest import (CODEC_FILE, MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE, Manifest, file_entries,
-                                     load_manifest)
+from qwen3_tts_gguf.model.manifest import (
+    CODEC_FILE,
+    MANIFEST,
+    PREDICTOR_CPU_FILE,
+    PREDICTOR_FILE,
+    Manifest,
+    file_entries,
+    load_manifest,
+)
 
-from .busy import LOADS, SETTLE_S, StressLoad
-from .common import OUT, Meter, median, wait_for_quiet
+from bench.busy import LOADS, SETTLE_S, StressLoad
+from bench.common import OUT, Meter, median, wait_for_quiet
 
 
 def _model_dir(shape: str, quant: str, cp: str = "int8") -> Path:
-    from . import prepare
+    from bench import prepare
 
     ckpt, _ = prepare.ensure_checkpoint(shape)
     return prepare.ensure_converted(ckpt, shape, quant, cp, 2)
@@ -101,7 +108,7 @@ def talker_quants(args) -> dict:
     engine repacks each quant it measured faster that way (`talker.repack_pays`)."""
     from qwen3_tts_gguf.convert.presets import PRESETS
 
-    from .agreement import talker_agreement
+    from bench.agreement import talker_agreement
 
     preset = PRESETS[args.preset]
     base = dict(_session_base(args), threads=args.threads)
@@ -129,7 +136,7 @@ def malloc(args) -> dict:
     """glibc's dynamic mmap threshold (a freed large block raises it, so later blocks of that size stay in
     the heap) against fixed ones (`--thresholds`, the engine's `heap_map_threshold`: every larger block
     mapped and unmapped)."""
-    from qwen3_tts_gguf.heap import MAP_THRESHOLD
+    from qwen3_tts_gguf.runtime.heap import MAP_THRESHOLD
 
     base = dict(_session_base(args), threads=args.threads)
 
@@ -147,7 +154,7 @@ def omp_spin(args) -> dict:
     """llama.cpp's OpenMP threads at a barrier: spin GOMP_SPINCOUNT turns, then sleep, under the engine's
     wait policy. The engine's default is `cpus.SPIN_COUNT`; 0 sleeps at once; libgomp's own default, with
     no wait policy set, is 300,000 (about 3 ms). GOMP_SPINCOUNT wins over the wait policy in libgomp."""
-    from qwen3_tts_gguf.cpus import SPIN_COUNT, WAIT_POLICY
+    from qwen3_tts_gguf.runtime.cpus import SPIN_COUNT, WAIT_POLICY
 
     base = dict(_session_base(args), threads=args.threads)
     variants = {}
@@ -166,7 +173,7 @@ def omp_policy(args) -> dict:
     its own thread, the second idle after one request). Two threads that called llama.cpp make libgomp
     manage more threads than there are CPUs, and it then spins its *throttled* count, which the policy
     sets: PASSIVE 0, none 100, ACTIVE min(1000, GOMP_SPINCOUNT)."""
-    from qwen3_tts_gguf.cpus import SPIN_COUNT, WAIT_POLICY
+    from qwen3_tts_gguf.runtime.cpus import SPIN_COUNT, WAIT_POLICY
 
     base = dict(_session_base(args), threads=args.threads)
     variants = {}
@@ -205,7 +212,7 @@ def graph_variants(model: Path, out: Path, keys=tuple(GRAPH_VARIANTS)) -> dict[s
     rebuilt from the model's checkpoint (code predictor int8, as the default converts it) and its manifest
     updated; keyed by the variants' names. A variant of the code predictor drops the CPU's graph
     (PREDICTOR_CPU_FILE), so that the engine runs the variant's; `portable` only drops it."""
-    from qwen3_tts_gguf.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
     from qwen3_tts_gguf.convert.onnx_builder import save_model
     from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
@@ -265,7 +272,7 @@ def _compare(args, variants: dict) -> dict:
     round, then eight streams each: a markdown table of medians (best runs)."""
     from tqdm import tqdm
 
-    from .cli import Progress, Session
+    from bench.session import Progress, Session
 
     runs: dict[str, list] = {k: [] for k in variants}
     conc: dict[str, dict] = {}
@@ -326,8 +333,8 @@ def cp_quant(args) -> dict:
     from qwen3_tts_gguf.convert.onnx_builder import save_model
     from qwen3_tts_gguf.convert.predictor_graph import quantize_code_predictor
     from qwen3_tts_gguf.convert.presets import CP_BLOCK_SIZE
-    from qwen3_tts_gguf.predictor import CodePredictor
-    from qwen3_tts_gguf.sampler import SamplingParams, pack
+    from qwen3_tts_gguf.model.predictor import CodePredictor
+    from qwen3_tts_gguf.model.sampler import SamplingParams, pack
 
     fp32 = _model_dir(args.shape, "q8_0", "fp32") / PREDICTOR_FILE
     scratch = tempfile.TemporaryDirectory(prefix="cp-quant-")
@@ -379,7 +386,7 @@ def cp_quant(args) -> dict:
 
 
 def codec_batch(args) -> dict:
-    from qwen3_tts_gguf.codec import CodecDecoder, stack_states
+    from qwen3_tts_gguf.model.codec import CodecDecoder, stack_states
 
     model = _model_dir(args.shape, "q8_0")
     dec = CodecDecoder(model / CODEC_FILE, threads=args.threads)

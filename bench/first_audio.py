@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from qwen3_tts_gguf.convert.presets import PRESETS
 
-from .common import wait_for_quiet
+from bench.common import wait_for_quiet
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def measure(progress, threads: int, quiet_s: float, model_dir, rounds: int = ROU
     """Each configuration's time-to-first-audio runs (OursSession.latency), rounds alternating.
     `model_dir(quant, cp)`: the converted 0.6B folder of that pair. Returns {"threads", "rounds",
     "configs": {label: {"model", "quant", "cp", "engine", "runs", "errors"}}}."""
-    from .cli import Session
+    from bench.session import Session
 
     sessions, out = {}, {}
     for c in configs:

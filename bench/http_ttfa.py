@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from .common import LANGUAGE, ROOT, SAMPLE_RATE, SPEAKER, TEXT, TEXT_MODE, Meter, http_get, median, wait_for_quiet
+from bench.common import LANGUAGE, ROOT, SAMPLE_RATE, SPEAKER, TEXT, TEXT_MODE, Meter, http_get, median, wait_for_quiet
 
 
 def _free_port() -> int:

@@ -8,7 +8,7 @@ import os
 import platform
 import subprocess
 
-from .common import ROOT
+from bench.common import ROOT
 
 PACKAGES = ("llama_cpp_python", "onnxruntime", "numpy", "gguf", "torch", "transformers", "qwen-tts")
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE, peak_rss_mb, rss_file_mb, rss_mb
+from bench.common import LANGUAGE, SPEAKER, TEXT, TEXT_MODE, peak_rss_mb, rss_file_mb, rss_mb
 
 KV_CACHES = ("q8_0", "f16", "q4_0")
 STREAMS = 8
@@ -24,18 +24,18 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     import numpy as np  # noqa: F401  (counted in the runtimes' share, as the engine imports them)
     import onnxruntime  # noqa: F401
 
-    from qwen3_tts_gguf.cpus import import_llama
+    from qwen3_tts_gguf.runtime.cpus import import_llama
 
     import_llama()
-    from qwen3_tts_gguf.codec import CodecDecoder
-    from qwen3_tts_gguf.embeddings import EmbeddingTables
-    from qwen3_tts_gguf.manifest import CODEC_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
-    from qwen3_tts_gguf.heap import map_large_blocks, release_freed_heap
-    from qwen3_tts_gguf.model import EngineSettings, predictor_file, talker_settings
-    from qwen3_tts_gguf.predictor import CodePredictor
-    from qwen3_tts_gguf.prompt import PromptBuilder, VoiceSpec
-    from qwen3_tts_gguf.talker import Talker
-    from qwen3_tts_gguf.tokenizer import TextTokenizer
+    from qwen3_tts_gguf.model.codec import CodecDecoder
+    from qwen3_tts_gguf.model.embeddings import EmbeddingTables
+    from qwen3_tts_gguf.model.loaded import EngineSettings, predictor_file, talker_settings
+    from qwen3_tts_gguf.model.manifest import CODEC_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
+    from qwen3_tts_gguf.model.predictor import CodePredictor
+    from qwen3_tts_gguf.model.prompt import PromptBuilder, VoiceSpec
+    from qwen3_tts_gguf.model.talker import Talker
+    from qwen3_tts_gguf.model.tokenizer import TextTokenizer
+    from qwen3_tts_gguf.runtime.heap import map_large_blocks, release_freed_heap
 
     folder = Path(model_dir)
     settings = EngineSettings(threads=threads, max_streams=STREAMS, kv_cache=kv_cache)
@@ -63,10 +63,10 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
 
 def peak(model_dir: str, threads: int, kv_cache: str, frames: int) -> dict:
     """The engine as served (LoadedModel, max_streams 8) with eight streams at once: peak RSS (MiB)."""
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-    from qwen3_tts_gguf.prompt import VoiceSpec
-    from qwen3_tts_gguf.request import SynthesisRequest
-    from qwen3_tts_gguf.scheduler import Engine
+    from qwen3_tts_gguf.engine.request import SynthesisRequest
+    from qwen3_tts_gguf.engine.scheduler import Engine
+    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.prompt import VoiceSpec
 
     model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=STREAMS, kv_cache=kv_cache))
     loaded = rss_mb()
@@ -84,8 +84,8 @@ def peak(model_dir: str, threads: int, kv_cache: str, frames: int) -> dict:
 
 def measure(progress, model_dir: str, threads: int, frames: int, kv_caches: tuple[str, ...] = KV_CACHES) -> dict:
     """Each KV-cache precision (both by default), each part and peak in its own fresh worker."""
-    from . import machine
-    from .cli import one_shot
+    from bench import machine
+    from bench.session import one_shot
 
     out = {**machine.block_origin(), "model": Path(model_dir).name, "threads": threads, "kv": {}}
     for kv in kv_caches:

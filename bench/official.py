@@ -14,7 +14,7 @@ import functools
 import os
 import time
 
-from .common import LANGUAGE, SAMPLE_RATE, SPEAKER, TEXT, Meter, median, peak_rss_mb, rss_mb
+from bench.common import LANGUAGE, SAMPLE_RATE, SPEAKER, TEXT, Meter, median, peak_rss_mb, rss_mb
 
 
 def _timed(record: list, fn):

@@ -15,8 +15,20 @@ import os
 import threading
 import time
 
-from .common import (FRAME_RATE, LANGUAGE, LATENCY_TEXTS, LONG_FRAMES, LONG_TEXT, SPEAKER, TEXT, TEXT_MODE, Meter,
-                     median, peak_rss_mb, rss_mb)
+from bench.common import (
+    FRAME_RATE,
+    LANGUAGE,
+    LATENCY_TEXTS,
+    LONG_FRAMES,
+    LONG_TEXT,
+    SPEAKER,
+    TEXT,
+    TEXT_MODE,
+    Meter,
+    median,
+    peak_rss_mb,
+    rss_mb,
+)
 
 
 class _CallLog:
@@ -64,7 +76,7 @@ def _with_llama_repack() -> None:
     """Prototype (bench.experiments only): llama.cpp's weight repacking for every talker quant,
     through the engine's own switch; the engine itself repacks only where `repack_pays` (q4_k_m on
     a CPU known to lack AMX: the AMX + q8_0 crash on Sapphire Rapids)."""
-    from qwen3_tts_gguf import talker
+    from qwen3_tts_gguf.model import talker
 
     talker.repack_pays = lambda *args, **kwargs: True
 
@@ -95,9 +107,9 @@ class OursSession:
                  concurrency_frames: int, max_streams: int = 8,
                  predictor_file: str | None = None, llama_repack: bool = False, progress=None,
                  engine: dict | None = None, second_model: bool = False):
-        from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-        from qwen3_tts_gguf.prompt import VoiceSpec
-        from qwen3_tts_gguf.scheduler import Engine
+        from qwen3_tts_gguf.engine.scheduler import Engine
+        from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+        from qwen3_tts_gguf.model.prompt import VoiceSpec
 
         if llama_repack:
             _with_llama_repack()
@@ -109,7 +121,7 @@ class OursSession:
         self.model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=max_streams, **(engine or {})))
         self.load_s = time.perf_counter() - t0
         if predictor_file:  # prototype: another code-predictor graph (e.g. MatMulNBits int8), same I/O
-            from qwen3_tts_gguf.predictor import CodePredictor
+            from qwen3_tts_gguf.model.predictor import CodePredictor
 
             self.model.predictor = CodePredictor(predictor_file, threads=threads)
         self.rss_loaded = rss_mb()
@@ -133,8 +145,8 @@ class OursSession:
         """The same folder loaded again, with the first's settings and an engine of its own, as a server
         serving two models does, left idle after one request: its engine thread keeps the OpenMP team
         llama.cpp gave it."""
-        from qwen3_tts_gguf.model import LoadedModel
-        from qwen3_tts_gguf.scheduler import Engine
+        from qwen3_tts_gguf.engine.scheduler import Engine
+        from qwen3_tts_gguf.model.loaded import LoadedModel
 
         self.progress("ours: second model")
         model = LoadedModel(model_dir, self.model.settings)
@@ -143,7 +155,7 @@ class OursSession:
         return second
 
     def _request(self, n_frames: int, seed: int, text: str = TEXT, text_mode: str = TEXT_MODE):
-        from qwen3_tts_gguf.request import SynthesisRequest
+        from qwen3_tts_gguf.engine.request import SynthesisRequest
 
         return SynthesisRequest(text, self.voice, text_mode=text_mode, seed=seed, max_frames=n_frames, ignore_eos=True)
 
@@ -239,8 +251,8 @@ class OursSession:
         how much the stages slow each other down (thread pools spinning, caches evicted)."""
         import numpy as np
 
-        from qwen3_tts_gguf.sampler import SamplingParams
-        from qwen3_tts_gguf.talker import DecodeItem
+        from qwen3_tts_gguf.model.sampler import SamplingParams
+        from qwen3_tts_gguf.model.talker import DecodeItem
 
         self.progress("ours: stages in isolation")
         rng = np.random.default_rng(0)

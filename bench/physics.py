@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
+from qwen3_tts_gguf.model.manifest import CODEC_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
 
 
 # -- machine ---------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def codec_cost(onnx_path: str | Path, threads: int, frames: int = 8) -> dict:
     """FLOPs per frame (from a profiled call on `frames` frames), weight bytes (read once per call)."""
     import onnx
 
-    from qwen3_tts_gguf.codec import CodecDecoder
+    from qwen3_tts_gguf.model.codec import CodecDecoder
 
     model = onnx.load(str(onnx_path))
     weight_bytes = sum(_initializers(model).values())
@@ -272,7 +272,7 @@ def codec_cost(onnx_path: str | Path, threads: int, frames: int = 8) -> dict:
 
 
 def predictor_profile(onnx_path: str | Path, threads: int) -> dict:
-    from qwen3_tts_gguf.sampler import SamplingParams, pack
+    from qwen3_tts_gguf.model.sampler import SamplingParams, pack
 
     rng = np.random.default_rng(0)
     feeds = {"hidden": rng.standard_normal((1, 1024), dtype=np.float32), "code0": np.array([7], np.int64),
@@ -293,7 +293,7 @@ def model_costs(model_dir: str | Path, threads: int, profile: bool = True,
     out = {"talker": talker_cost(model_dir / TALKER_FILE)}
     if profile:
         out["codec"] = codec_cost(model_dir / CODEC_FILE, threads)
-    from qwen3_tts_gguf.model import predictor_file
+    from qwen3_tts_gguf.model.loaded import predictor_file
 
     out["predictors"] = {}
     for precision, folder in (predictor_dirs or {"?": model_dir}).items():

@@ -17,9 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from qwen3_tts_gguf.manifest import MANIFEST
+from qwen3_tts_gguf.model.manifest import MANIFEST
 
-from .common import CACHE, ROOT
+from bench.common import CACHE, ROOT
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 
@@ -48,7 +48,7 @@ def tokenizer_dir(log=print) -> tuple[Path | None, str]:
     if all((target / f).exists() for f in TOKENIZER_FILES):
         return target, "qwen2-bpe"
     target.mkdir(parents=True, exist_ok=True)
-    from qwen3_tts_gguf.model_shapes import tokenizer_config
+    from qwen3_tts_gguf.convert.model_shapes import tokenizer_config
 
     sources = [ROOT / ".cache" / "fixtures" / "vocab"]  # the test suite's copy, if it ran here
     try:

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from qwen3_tts_gguf.cli import main
 
 sys.exit(main())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .manifest import MANIFEST
+from qwen3_tts_gguf.model.manifest import MANIFEST
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

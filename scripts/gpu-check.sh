@@ -51,12 +51,12 @@ from pathlib import Path
 import numpy as np
 sys.path.insert(0, ".")
 from tests.conftest import converted_model
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.prompt import VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.sampler import SamplingParams
-from qwen3_tts_gguf.scheduler import Engine
-from qwen3_tts_gguf.talker import Talker, TalkerSettings
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
+from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.engine.scheduler import Engine
+from qwen3_tts_gguf.model.talker import Talker, TalkerSettings
 
 out = Path(sys.argv[1])
 model_dir = out / "model"
@@ -120,12 +120,12 @@ import os, sys, time
 from pathlib import Path
 import numpy as np
 import onnxruntime as ort
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.prompt import VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.sampler import SamplingParams
-from qwen3_tts_gguf.scheduler import Engine
-from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
+from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.engine.scheduler import Engine
+from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
 
 d = Path(sys.argv[1])
 ok = True
@@ -165,9 +165,9 @@ if os.environ.get("GPU_CHECK_SPEED", "1") == "0":
     print("gpu-check:", "PASS" if ok else "FAIL", "(no speed run)")
     sys.exit(0 if ok else 1)
 # speed: the talker in the 0.6B shape (random weights), f16 and q8_0-free (no llama-quantize there)
-from qwen3_tts_gguf.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.talker_gguf import write_talker_gguf
-from qwen3_tts_gguf.random_checkpoint import make_random_checkpoint
+from qwen3_tts_gguf.convert.random_checkpoint import make_random_checkpoint
 t0 = time.monotonic()
 ck = make_random_checkpoint("/tmp/r06", "0.6b")
 write_talker_gguf(Checkpoint.open(ck), Path("/tmp/r06-talker-f16.gguf"), "f16")

@@ -24,7 +24,7 @@ CHECKPOINTS = {
 
 def _builder_digest() -> str:
     h = hashlib.sha256()
-    for rel in ("tests/reference/checkpoints.py", "qwen3_tts_gguf/model_shapes.py"):
+    for rel in ("tests/reference/checkpoints.py", "qwen3_tts_gguf/convert/model_shapes.py"):
         h.update((ROOT / rel).read_bytes())
     return h.hexdigest()[:10]
 

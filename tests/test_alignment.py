@@ -1,11 +1,11 @@
-"""api/alignment.py: characters given once each, in order, spread over their piece's audio; the
+"""api/speaking/alignment.py: characters given once each, in order, spread over their piece's audio; the
 shapes ElevenLabs' socket and HTTP routes send (end to end: tests/test_elevenlabs.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.alignment import CharTimeline
+from api.speaking.alignment import CharTimeline
 
 
 def test_each_piece_carries_the_characters_its_estimate_reached_once_and_in_order():

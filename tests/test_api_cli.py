@@ -74,6 +74,6 @@ def test_serve_honours_its_flags_and_stops_cleanly(tiny_cv_f32):
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err  # SIGINT drains, then exits 0 (api/lifecycle.py)
+    assert proc.returncode == 0, err  # SIGINT drains, then exits 0 (api/ops/lifecycle.py)
     assert "Application shutdown complete" in err
     assert f"base_url: http://127.0.0.1:{port}/v1 (API key required)" in err

@@ -15,14 +15,15 @@ except ImportError:  # pragma: no cover
 import openai
 import pytest
 
+from qwen3_tts_gguf.audio.encoding import to_s16
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
+from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.model.sampler import SamplingParams
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits
 from api.testing import ServerThread
-from qwen3_tts_gguf.audio_encoding import to_s16
-from qwen3_tts_gguf.model import EngineSettings
-from qwen3_tts_gguf.prompt import VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.sampler import SamplingParams
 from tests.waiting import wait_until
 
 LONG_TEXT = ("This sentence is long enough that the engine would speak for a good while if nobody stopped it, "

@@ -24,13 +24,14 @@ import openai
 import pytest
 import soundfile
 
+from qwen3_tts_gguf.audio.encoding import to_s16
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
+from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.model.sampler import SamplingParams
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.testing import ServerThread
-from qwen3_tts_gguf.audio_encoding import to_s16
-from qwen3_tts_gguf.model import EngineSettings
-from qwen3_tts_gguf.prompt import VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.sampler import SamplingParams
 
 KEY = "test-key"
 ORIGIN = "http://console.example"
@@ -211,7 +212,7 @@ def test_models_are_picked_by_id_folder_name_and_alias(client, registry):
 def test_instructions_ignored_where_the_model_cannot_take_them(client, registry, caplog):
     small = registry.models[1]  # 0.6B-like CustomVoice
     assert not small.manifest.instruct_supported
-    with caplog.at_level(logging.INFO, logger="api.speech"):
+    with caplog.at_level(logging.INFO, logger="api.routes.speech"):
         _, headers = speech(client, model=small.id, instructions="Speak very slowly.", max_frames=2)
     assert headers["x-qwen3tts-instructions-ignored"] == "true"
     assert any("instructions ignored" in r.getMessage() for r in caplog.records)

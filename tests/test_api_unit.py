@@ -11,13 +11,14 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from qwen3_tts_gguf.audio.encoding import FORMATS
+
 from api.config import ServerConfig
 from api.errors import validation_error
-from api.metrics import Histogram, Metrics
+from api.ops.metrics import Histogram, Metrics
 from api.schemas import ResponseFormat, SpeechRequest
-from api.streaming import CONTENT_TYPES
+from api.speaking.http_body import CONTENT_TYPES
 from api.voices import OFFICIAL_SPEAKERS, OPENAI_VOICES
-from qwen3_tts_gguf.audio_encoding import FORMATS
 
 OPENAI_VOICE_NAMES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
                       "verse", "marin", "cedar"}
@@ -98,7 +99,7 @@ def test_server_config_takes_the_key_from_the_environment():
 
 
 def test_engine_never_imports_the_server():
-    code = ("import sys, qwen3_tts_gguf.cli, qwen3_tts_gguf.scheduler, qwen3_tts_gguf.audio_encoding; "
+    code = ("import sys, qwen3_tts_gguf.cli, qwen3_tts_gguf.engine.scheduler, qwen3_tts_gguf.audio.encoding; "
             "bad = [m for m in ('api', 'fastapi', 'uvicorn', 'starlette') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

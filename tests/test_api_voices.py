@@ -15,10 +15,11 @@ try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
 except ImportError:  # pragma: no cover
     import httpx
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.voices.store import VoiceStore
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
-from qwen3_tts_gguf.voices import VoiceStore
 from tests.test_cli_voices import speechlike
 
 

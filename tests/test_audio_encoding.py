@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from qwen3_tts_gguf.audio_encoding import (
+from qwen3_tts_gguf.audio.encoding import (
     EXTENSIONS,
     FORMATS,
     MIME_TYPES,
@@ -271,7 +271,7 @@ def test_file_writer_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- G.711 (pcmu / pcma): the Realtime API's telephony formats -------------------------------------
 
-from qwen3_tts_gguf.audio_encoding import (  # noqa: E402
+from qwen3_tts_gguf.audio.encoding import (  # noqa: E402
     G711_FORMATS,
     G711_RATE,
     alaw_to_s16,

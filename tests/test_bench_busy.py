@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from bench import cli
+from bench import cli, session
 from bench.busy import StressLoad, _group_members
-from bench.report import render, render_busy, splice_section
+from bench.report.busy import render_busy
+from bench.report.page import render, splice_section
 
 
 def _run(rtf: float, bg: float = 0.0, cores: float = 1.0) -> dict:
@@ -202,17 +203,17 @@ def test_command_line():
 def test_workers_get_the_wait_policy_the_bench_was_started_with(monkeypatch):
     # loading llama_cpp in the orchestrator (a conversion) sets the engine's policy and spin count there;
     # the official pipeline's worker and the old-waits worker must not inherit them
-    monkeypatch.setattr(cli, "LAUNCH_OPENMP_WAITS", {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
+    monkeypatch.setattr(session, "LAUNCH_OPENMP_WAITS", {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None})
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.setenv("GOMP_SPINCOUNT", "300")
-    assert "OMP_WAIT_POLICY" not in cli.child_env() and "GOMP_SPINCOUNT" not in cli.child_env()
-    old = cli.child_env({"OMP_WAIT_POLICY": "ACTIVE"})
+    assert "OMP_WAIT_POLICY" not in session.child_env() and "GOMP_SPINCOUNT" not in session.child_env()
+    old = session.child_env({"OMP_WAIT_POLICY": "ACTIVE"})
     assert old["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in old  # a spin count would cap ACTIVE
-    monkeypatch.setattr(cli, "LAUNCH_OPENMP_WAITS", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None})
+    monkeypatch.setattr(session, "LAUNCH_OPENMP_WAITS", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None})
     monkeypatch.delenv("OMP_WAIT_POLICY")
-    assert cli.child_env()["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert session.child_env()["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("SOMETHING", "x")
-    assert "SOMETHING" not in cli.child_env({"SOMETHING": None})
+    assert "SOMETHING" not in session.child_env({"SOMETHING": None})
 
 
 def test_stopping_a_load_leaves_no_process_of_its_group(tmp_path):
@@ -273,7 +274,7 @@ def test_measure_runs_each_extra_session_where_it_belongs(monkeypatch):
         def alive(self):
             return True
 
-    monkeypatch.setattr("bench.cli.Session", FakeSession)
+    monkeypatch.setattr("bench.session.Session", FakeSession)
     monkeypatch.setattr(busy, "StressLoad", FakeLoad)
     monkeypatch.setattr(busy, "SETTLE_S", 0.0)
     monkeypatch.setattr(busy.shutil, "which", lambda exe: "/usr/bin/stress-ng")

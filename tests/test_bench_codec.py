@@ -4,7 +4,8 @@ with `Sin` from the model's checkpoint), and the block's section of the report."
 from __future__ import annotations
 
 from bench import cli, codec_precision
-from bench.report import render_codec, splice_section
+from bench.report.codec import render_codec
+from bench.report.page import splice_section
 
 
 def test_every_variant_is_built_and_measured(tiny_cv_f32):

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import cli, first_audio
-from bench.report import ONLY_RENDERERS, render_first_audio, render_targets, splice_section
 from test_bench_targets import _results, _row
+
+from bench import cli, first_audio
+from bench.report.first_audio import render_first_audio
+from bench.report.page import ONLY_RENDERERS, splice_section
+from bench.report.targets import render_targets
 
 
 def _cases(scale: float) -> dict:
@@ -67,7 +70,7 @@ def test_measure_alternates_the_configurations_and_closes_every_worker(monkeypat
         folders.append((quant, cp))
         return Path(f"/models/0.6b-{quant}-cp{cp}")
 
-    monkeypatch.setattr("bench.cli.Session", FakeSession)
+    monkeypatch.setattr("bench.session.Session", FakeSession)
     out = first_audio.measure(_Progress(), 2, 0.0, model_dir, rounds=2)
     labels = [c.label for c in first_audio.CONFIGS]
     assert calls == [(label, "latency", r) for r in range(2) for label in labels]  # rounds alternate

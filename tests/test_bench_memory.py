@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from bench import cli, experiments, memory
 from bench.experiments import OVERLAP_VARIANTS
-from bench.report import MEMORY_PARTS, render_memory, splice_section
+from bench.report.memory import MEMORY_PARTS, render_memory
+from bench.report.page import splice_section
 
 
 def test_parts_and_peak_measure_a_real_model(tiny_cv_f32):
@@ -74,7 +75,7 @@ def test_command_line_runs_the_block_in_full_mode_only():
 
 
 def test_the_overlap_section_compares_the_default_with_inline():
-    from bench.report import render_overlap
+    from bench.report.overlap import render_overlap
 
     run = lambda rtf: {"rtf": rtf, "first_audio_s": 0.3}  # noqa: E731
     block = {"date": "d", "commit": "c", "threads": 2, "frames": 32, "rounds": 2, "markdown": "| table |",
@@ -104,7 +105,7 @@ def test_the_overlap_section_compares_the_default_with_inline():
 
 
 def test_the_targets_take_openvino_from_the_overlap_block():
-    from bench.report import _overlap_targets
+    from bench.report.overlap import _overlap_targets
 
     run = lambda rtf: {"rtf": rtf, "first_audio_s": 0.3}  # noqa: E731
     default, openvino = experiments.OVERLAP_RUNTIMES
@@ -131,7 +132,7 @@ def test_the_overlap_variants_name_their_settings():
 
 
 def test_the_agreement_table_shows_the_kv_cache_row():
-    from bench.report import _render_agreement
+    from bench.report.shape import _render_agreement
 
     out: list[str] = []
     _render_agreement(out.append, {"reference_quant": "f16", "steps": 49, "talker": {}, "code_predictor": {},

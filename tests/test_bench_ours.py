@@ -34,10 +34,11 @@ def test_the_graph_variants_load_and_differ_where_they_say(tiny_cv_f32, tmp_path
     """bench.experiments graphs: each variant folder passes the manifest's checks and holds the graph it names."""
     import onnx
 
-    from bench.experiments import GRAPH_VARIANTS, graph_variants
-    from qwen3_tts_gguf.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
-    from qwen3_tts_gguf.manifest import CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, load_manifest
+    from qwen3_tts_gguf.model.manifest import CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, load_manifest
+
+    from bench.experiments import GRAPH_VARIANTS, graph_variants
 
     def ops(path, op: str) -> int:
         return sum(n.op_type == op for n in onnx.load(str(path), load_external_data=False).graph.node)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from bench import cli
-from bench.report import render, render_targets
+from bench.report.page import render
+from bench.report.targets import render_targets
 
 
 def _single(rtf: float, talker=60.0, predictor=140.0, codec=110.0) -> list[dict]:

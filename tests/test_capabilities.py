@@ -20,12 +20,13 @@ except ImportError:  # pragma: no cover
 import jsonschema
 import pytest
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
 from api import ModelRegistry, ServerConfig, create_app
-from api.capabilities import FALLBACK_NORMALIZATION_LANGUAGES, Capabilities
 from api.limits import ServerLimits
+from api.routes.capabilities import FALLBACK_NORMALIZATION_LANGUAGES, Capabilities
 from api.schemas import MAX_INPUT_CHARS, ResponseFormat
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
 
 KEY = "caps-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -58,7 +59,7 @@ def server(registry):
 
 def expected_languages() -> list[str]:
     try:
-        module = importlib.import_module("qwen3_tts_gguf.text_normalization")
+        module = importlib.import_module("qwen3_tts_gguf.text.normalization")
     except ImportError:
         return list(FALLBACK_NORMALIZATION_LANGUAGES)
     return list(module.LANGUAGES)
@@ -111,7 +112,7 @@ def test_the_document_says_what_this_server_offers_and_validates_against_its_sch
 
 
 def test_resume_window_is_listed_only_where_the_limits_have_it(registry):
-    from api.capabilities import client_limits
+    from api.routes.capabilities import client_limits
 
     without = client_limits(ServerLimits(), 10.0).model_dump(exclude_unset=True)
     assert ("resume_window_s" in without) == hasattr(ServerLimits(), "resume_window_s")

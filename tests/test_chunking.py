@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.chunking import ChunkPlan
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.prompt import VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest
-from qwen3_tts_gguf.scheduler import Engine
+from qwen3_tts_gguf.engine.chunking import ChunkPlan
+from qwen3_tts_gguf.engine.request import SynthesisRequest
+from qwen3_tts_gguf.engine.scheduler import Engine
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.prompt import VoiceSpec
 
 RAMP = (1, 2, 4, 8)
 FRAME_S = 0.08

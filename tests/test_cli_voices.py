@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from qwen3_tts_gguf.manifest import load_manifest
-from qwen3_tts_gguf.voices import VoiceStore
+from qwen3_tts_gguf.model.manifest import load_manifest
+from qwen3_tts_gguf.voices.store import VoiceStore
+
 from tests.conftest import ROOT
 
 

@@ -29,8 +29,6 @@ import pytest
 from websockets.asyncio.server import serve
 
 import qtts_client
-from api import ModelRegistry, ServerConfig, create_app
-from api.testing import ServerThread
 from qtts_client import (
     APIError,
     AsyncClient,
@@ -40,11 +38,14 @@ from qtts_client import (
     Done,
     NotFoundError,
     Progress,
-    ResumeFailed,
     Resumed,
+    ResumeFailed,
     TransportError,
 )
-from qwen3_tts_gguf.model import EngineSettings
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
+from api import ModelRegistry, ServerConfig, create_app
+from api.testing import ServerThread
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sdk-key"

@@ -13,10 +13,11 @@ import numpy as np
 import onnx
 import pytest
 
-from qwen3_tts_gguf.checkpoint import Checkpoint
-from qwen3_tts_gguf.codec import CodecDecoder, CodecState, split_states, stack_states
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.codec_graph import SIN_PI_SQUARED, build_codec_decoder, sin_pi_squared, state_specs
 from qwen3_tts_gguf.convert.onnx_builder import GraphBuilder, save_model
+from qwen3_tts_gguf.model.codec import CodecDecoder, CodecState, split_states, stack_states
+
 from tests.reference.official import import_qwen_tts
 
 FP32_TOL = 1e-4  # fp32 noise floor of this decoder is ~4e-5 (see module docstring)

@@ -18,12 +18,13 @@ import threading
 import numpy as np
 import pytest
 
-from bench.codec_precision import snr_db
-from qwen3_tts_gguf.checkpoint import Checkpoint
-from qwen3_tts_gguf.codec import MAX_CALL_FRAMES, CodecDecoder
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
 from qwen3_tts_gguf.convert.onnx_builder import save_model
-from qwen3_tts_gguf.openvino_session import CodecRuntimeError, check_codec_runtime
+from qwen3_tts_gguf.model.codec import MAX_CALL_FRAMES, CodecDecoder
+from qwen3_tts_gguf.model.openvino_session import CodecRuntimeError, check_codec_runtime
+
+from bench.codec_precision import snr_db
 from tests.test_codec_graph import official_decoder, official_wav, stream
 from tests.test_devices import run_cli
 
@@ -76,10 +77,10 @@ def speak(model_dir, runtime: str, texts: list[str], frames: int, lanes: int = 1
     """(codes, audio) of each text, all submitted at once to an engine on 2 threads whose codec runs on
     `runtime` (in two lanes of one thread each: `--codec-threads 1`, or one lane), read side by side
     (seeds 5, 6, ...)."""
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-    from qwen3_tts_gguf.prompt import VoiceSpec
-    from qwen3_tts_gguf.request import SynthesisRequest
-    from qwen3_tts_gguf.scheduler import Engine
+    from qwen3_tts_gguf.engine.request import SynthesisRequest
+    from qwen3_tts_gguf.engine.scheduler import Engine
+    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.prompt import VoiceSpec
 
     model = LoadedModel(model_dir, EngineSettings(threads=2, max_streams=2, codec_runtime=runtime,
                                                   codec_threads=1 if lanes > 1 else 0))
@@ -121,7 +122,7 @@ def test_settings_it_cannot_honour_are_refused(monkeypatch):
         check_codec_runtime("openvino", deterministic=True)
     with pytest.raises(CodecRuntimeError, match="expected one of"):
         check_codec_runtime("tensorrt")
-    monkeypatch.setattr("qwen3_tts_gguf.openvino_session.openvino_installed", lambda: False)
+    monkeypatch.setattr("qwen3_tts_gguf.model.openvino_session.openvino_installed", lambda: False)
     with pytest.raises(CodecRuntimeError, match="pip install openvino"):
         check_codec_runtime("openvino")
 
@@ -142,8 +143,9 @@ def test_serve_refuses_it_with_deterministic_and_synth_names_it(tiny_cv_f32, tmp
 
 
 def test_the_flag_reaches_the_engine_settings_from_serve_and_synth(monkeypatch):
-    from api.config import engine_settings_from_args
     from qwen3_tts_gguf.cli import build_parser
+
+    from api.config import engine_settings_from_args
 
     serve = build_parser().parse_args(["serve", "--codec-runtime", "openvino"])
     assert engine_settings_from_args(serve, check_devices=False).codec_runtime == "openvino"
@@ -167,7 +169,7 @@ def test_two_streams_in_two_lanes_speak_as_they_do_on_onnx_runtime(tiny_cv_f32):
 
 def test_an_engine_built_without_the_start_up_check_refuses_too(tiny_cv_f32):
     """LoadedModel itself refuses what `check_device_settings` refuses at start, before loading."""
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 
     with pytest.raises(CodecRuntimeError, match="parity profile"):
         LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, deterministic=True, codec_runtime="openvino"))
@@ -178,13 +180,13 @@ def test_an_engine_built_without_the_start_up_check_refuses_too(tiny_cv_f32):
 def test_the_codec_on_openvino_loads_before_the_talker(tiny_cv_f32, monkeypatch):
     """Its import maps the whole cached blob for a moment (openvino_session.py): first, while the
     process holds little else. ONNX Runtime's codec keeps the engine's order (after the talker)."""
-    from qwen3_tts_gguf import talker as talker_module
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model import talker as talker_module
+    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 
     order = []
     real_talker = talker_module.Talker
     monkeypatch.setattr(talker_module, "Talker", lambda *a, **k: order.append("talker") or real_talker(*a, **k))
-    import qwen3_tts_gguf.codec as codec_module
+    import qwen3_tts_gguf.model.codec as codec_module
 
     real_codec = codec_module.CodecDecoder
     monkeypatch.setattr(codec_module, "CodecDecoder", lambda *a, **k: order.append("codec") or real_codec(*a, **k))
@@ -196,8 +198,8 @@ def test_the_codec_on_openvino_loads_before_the_talker(tiny_cv_f32, monkeypatch)
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 def test_a_corrupt_codec_graph_is_a_model_folder_error(tiny_cv_f32, tmp_path, runtime):
-    from qwen3_tts_gguf.manifest import CODEC_FILE, ModelFolderError
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.manifest import CODEC_FILE, ModelFolderError
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_cv_f32, folder, ignore=shutil.ignore_patterns(".openvino"))
@@ -227,8 +229,8 @@ def test_the_model_cache_is_filled_once_and_its_weights_are_given_back(setup, tm
     """The first session fills OpenVINO's cache beside the graph in a child process (a blob and the
     graph's metadata); the next imports the blob with no child, decodes the same samples, and keeps
     few of the blob's mapped pages once each new shape has been called."""
-    from qwen3_tts_gguf import openvino_session
-    from qwen3_tts_gguf.openvino_session import CACHE_FOLDER, OpenVINOSession
+    from qwen3_tts_gguf.model import openvino_session
+    from qwen3_tts_gguf.model.openvino_session import CACHE_FOLDER, OpenVINOSession
 
     real_page_out = openvino_session._page_out
     graph = tmp_path / "codec_decoder.onnx"
@@ -268,7 +270,7 @@ def test_the_model_cache_is_filled_once_and_its_weights_are_given_back(setup, tm
 def test_another_openvino_or_another_file_leaves_no_stale_blob(setup, tmp_path):
     """A fill drops the stamps and blobs of another OpenVINO version, of an earlier version of the file,
     and stamps it cannot read; the cache then holds exactly what its stamps name."""
-    from qwen3_tts_gguf.openvino_session import CACHE_FOLDER
+    from qwen3_tts_gguf.model.openvino_session import CACHE_FOLDER
 
     graph = tmp_path / "codec_decoder.onnx"
     graph.write_bytes(setup["path"].read_bytes())
@@ -292,14 +294,14 @@ def test_another_openvino_or_another_file_leaves_no_stale_blob(setup, tmp_path):
 def test_without_a_cache_it_compiles_from_the_file(setup, tmp_path, monkeypatch, caplog):
     """A model folder where the cache cannot be made (here `.openvino` is a file), or a child that
     fails: the session compiles from the graph file, with a warning, and decodes the same."""
-    from qwen3_tts_gguf import openvino_session
-    from qwen3_tts_gguf.openvino_session import CACHE_FOLDER
+    from qwen3_tts_gguf.model import openvino_session
+    from qwen3_tts_gguf.model.openvino_session import CACHE_FOLDER
 
     graph = tmp_path / "blocked" / "codec_decoder.onnx"
     graph.parent.mkdir()
     graph.write_bytes(setup["path"].read_bytes())
     (graph.parent / CACHE_FOLDER).write_text("not a folder")
-    with caplog.at_level(logging.WARNING, logger="qwen3_tts_gguf.openvino_session"):
+    with caplog.at_level(logging.WARNING, logger="qwen3_tts_gguf.model.openvino_session"):
         dec = CodecDecoder(graph, threads=2, runtime="openvino")
     assert "cannot hold OpenVINO's cache" in caplog.text and dec.num_quantizers == 16
     wav = stream(dec, setup["codes"], [T])
@@ -310,7 +312,7 @@ def test_without_a_cache_it_compiles_from_the_file(setup, tmp_path, monkeypatch,
     graph.write_bytes(setup["path"].read_bytes())
     monkeypatch.setattr(openvino_session.sys, "executable", "/bin/false")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="qwen3_tts_gguf.openvino_session"):
+    with caplog.at_level(logging.WARNING, logger="qwen3_tts_gguf.model.openvino_session"):
         dec = CodecDecoder(graph, threads=2, runtime="openvino")
     assert "could not be filled" in caplog.text
     cache = graph.parent / CACHE_FOLDER

@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.checkpoint import Checkpoint
-from qwen3_tts_gguf.codec import CodecDecoder
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
 from qwen3_tts_gguf.convert.codec_reference import decode_codes
 from qwen3_tts_gguf.convert.onnx_builder import save_model
+from qwen3_tts_gguf.model.codec import CodecDecoder
+
 from tests.reference.official import import_qwen_tts
 
 FP32_TOL = 1e-4

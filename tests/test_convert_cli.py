@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.checkpoint import Checkpoint, CheckpointError
 from qwen3_tts_gguf.convert import pipeline
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint, CheckpointError
 from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
-from qwen3_tts_gguf.manifest import ModelFolderError, load_manifest
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.random_checkpoint import make_random_checkpoint
-from qwen3_tts_gguf.safetensors_io import SafetensorsFile, write_safetensors
+from qwen3_tts_gguf.convert.random_checkpoint import make_random_checkpoint
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.manifest import ModelFolderError, load_manifest
+from qwen3_tts_gguf.model.safetensors_io import SafetensorsFile, write_safetensors
+
 from tests.conftest import ROOT
 
 
@@ -58,9 +59,9 @@ def test_the_cpu_code_predictor_graph_reads_the_portable_graphs_weights(tiny_cv_
     portable graph keeps in code_predictor.onnx.data is read from there; both give the same frame."""
     import onnx
 
-    from qwen3_tts_gguf.manifest import PREDICTOR_CPU_FILE, PREDICTOR_FILE
-    from qwen3_tts_gguf.predictor import CodePredictor
-    from qwen3_tts_gguf.sampler import SamplingParams
+    from qwen3_tts_gguf.model.manifest import PREDICTOR_CPU_FILE, PREDICTOR_FILE
+    from qwen3_tts_gguf.model.predictor import CodePredictor
+    from qwen3_tts_gguf.model.sampler import SamplingParams
 
     def external(path):
         return {t.name: {e.key: e.value for e in t.external_data}
@@ -113,8 +114,8 @@ def test_a_graph_shares_only_equal_weights_and_only_beside_them(tmp_path):
 def test_the_engine_runs_the_cpu_graph_on_the_cpu_only(tiny_cv_f32, tmp_path, monkeypatch):
     """The CPU's fused-attention graph where the folder has one and the device is the CPU; a folder converted
     before it, or another device, runs the portable graph."""
-    from qwen3_tts_gguf import model as model_module
-    from qwen3_tts_gguf.manifest import MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE, Manifest, file_entries
+    from qwen3_tts_gguf.model import loaded as model_module
+    from qwen3_tts_gguf.model.manifest import MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE, Manifest, file_entries
 
     model = LoadedModel(tiny_cv_f32, EngineSettings(threads=1))
     try:
@@ -281,7 +282,7 @@ def test_a_talker_context_llama_cpp_refuses_is_an_error_not_a_crash(tiny_cv_f32)
     """More sequences than llama.cpp holds (256): a clear error, and the model it had loaded freed once
     (it was freed twice, a segfault at exit, when `serve --max-streams` had no bound)."""
     script = ("import gc, sys\n"
-              "from qwen3_tts_gguf.talker import Talker, TalkerError, TalkerSettings\n"
+              "from qwen3_tts_gguf.model.talker import Talker, TalkerError, TalkerSettings\n"
               "try:\n"
               f"    Talker({str(tiny_cv_f32 / 'talker.gguf')!r}, TalkerSettings(n_ctx=4096, max_streams=300))\n"
               "except TalkerError as e:\n"
@@ -317,7 +318,7 @@ def test_make_random_real_shape_layout_matches_the_official_names(tmp_path):
 
 def test_make_random_base_converts_and_clones_a_voice(tmp_path):
     """A numpy-only Base checkpoint has the voice encoders: convert (self-check on), then clone a voice."""
-    from qwen3_tts_gguf.voice_clone import VoiceCloner
+    from qwen3_tts_gguf.voices.clone import VoiceCloner
 
     ckpt = _cli("make-random", tmp_path / "rnd", "--shape", "tiny", "--type", "base")
     assert "wrote a random tiny base checkpoint" in ckpt.stdout

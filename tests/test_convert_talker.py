@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.talker_gguf import gguf_tensor_types, write_talker_gguf
 from qwen3_tts_gguf.convert.text_tables import write_text_tables
-from qwen3_tts_gguf.embeddings import EmbeddingTables
-from qwen3_tts_gguf.safetensors_io import SafetensorsFile, bf16_to_f32, write_safetensors
-from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings, cpu_has_amx, kv_cache_for
-from qwen3_tts_gguf.tokenizer import TextTokenizer, official_pretokenizer
+from qwen3_tts_gguf.model.embeddings import EmbeddingTables
+from qwen3_tts_gguf.model.safetensors_io import SafetensorsFile, bf16_to_f32, write_safetensors
+from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings, cpu_has_amx, kv_cache_for
+from qwen3_tts_gguf.model.tokenizer import TextTokenizer, official_pretokenizer
+
 from tests.reference.runner import load_official, talker_forward, text_rows
 
 # f32 weights, F32 KV cache, flash attention off: llama.cpp and PyTorch differ by summation order
@@ -199,7 +200,7 @@ def test_tokenizer_equals_official_processor(tiny_cv):
 
 
 def test_repack_only_for_measured_quants_on_cpus_without_amx():
-    from qwen3_tts_gguf.talker import repack_pays
+    from qwen3_tts_gguf.model.talker import repack_pays
 
     assert not repack_pays("q8_0")  # no gain, slower prefill
     assert not repack_pays("f32") and not repack_pays("f16")

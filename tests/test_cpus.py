@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_tts_gguf import cpus
+from qwen3_tts_gguf.runtime import cpus
 
 
 def _tree(tmp_path: Path, files: dict[str, str], proc: str) -> tuple[Path, Path]:
@@ -62,8 +62,8 @@ def test_usable_cpus_rounds_the_quota_up_and_keeps_the_affinity(monkeypatch):
 def test_affinity_mask_limits_the_default_threads_of_every_runtime():
     """A process pinned to one CPU (taskset) defaults to one thread in llama.cpp's and ORT's settings."""
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from qwen3_tts_gguf.cpus import default_threads; "
-            "from qwen3_tts_gguf.onnx_session import session_options; "
+            "from qwen3_tts_gguf.runtime.cpus import default_threads; "
+            "from qwen3_tts_gguf.model.onnx_session import session_options; "
             "print(default_threads(0), session_options().intra_op_num_threads)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[1])
@@ -79,7 +79,7 @@ def _env_without_openmp_waits() -> dict:
 def test_llama_is_loaded_with_short_spins_then_sleep_unless_the_operator_chose():
     """libgomp reads OMP_WAIT_POLICY and GOMP_SPINCOUNT once, when llama_cpp loads it: every load goes
     through import_llama. An operator's own setting of either one turns the engine's pair off."""
-    code = ("import os; from qwen3_tts_gguf.talker import quiet_llama_logs; quiet_llama_logs(); "
+    code = ("import os; from qwen3_tts_gguf.runtime.cpus import quiet_llama_logs; quiet_llama_logs(); "
             "maps = open('/proc/self/maps').read(); "
             "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), 'libgomp' in maps)")
     root = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_llama_is_loaded_with_short_spins_then_sleep_unless_the_operator_chose()
 IDLE_AFTER_TWO_TEAMS = """
 import sys, threading, time
 import numpy as np
-from qwen3_tts_gguf.talker import DecodeItem, Talker, TalkerSettings
+from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
 talker = Talker(sys.argv[1], TalkerSettings(threads=2, max_streams=2))
 row = np.zeros((1, talker.hidden_size), np.float32)
 done, stop = threading.Event(), threading.Event()
@@ -117,7 +117,7 @@ def test_llama_threads_sleep_once_idle_with_two_calling_threads(tiny_cv_f32):
     """ACTIVE with a spin count (the engine's pair) spins only that long: once idle, both threads' OpenMP
     teams sleep, also when libgomp manages more threads than CPUs. (ACTIVE alone would spin for ever:
     about a CPU-second per idle second per worker thread.)"""
-    from qwen3_tts_gguf.manifest import TALKER_FILE
+    from qwen3_tts_gguf.model.manifest import TALKER_FILE
 
     env = _env_without_openmp_waits()
     out = subprocess.run([sys.executable, "-c", IDLE_AFTER_TWO_TEAMS, str(tiny_cv_f32 / TALKER_FILE)],
@@ -143,7 +143,7 @@ def test_the_engine_gives_each_stage_its_threads(tiny_cv_f32):
     """With codec calls of one thread on 2 cores, each codec call has 1 (in two lanes); by default 2.
     llama.cpp and the code predictor have 2 (one-row steps drop to 1 only beside a codec call: the
     scheduler test below)."""
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 
     for codec_threads, expected in ((1, (2, 2, 2, 1)), (0, (2, 2, 2, 2))):
         model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_threads=codec_threads))
@@ -163,10 +163,10 @@ def test_a_step_leaves_a_core_to_a_codec_call_in_flight(tiny_cv_f32, monkeypatch
     flight (a slowed codec keeps one there), on 2 when none is (the first frame's); prefills on 2."""
     import time
 
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-    from qwen3_tts_gguf.prompt import VoiceSpec
-    from qwen3_tts_gguf.request import SynthesisRequest
-    from qwen3_tts_gguf.scheduler import Engine
+    from qwen3_tts_gguf.engine.request import SynthesisRequest
+    from qwen3_tts_gguf.engine.scheduler import Engine
+    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.prompt import VoiceSpec
 
     model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_threads=codec_threads))
     talker, seen, decided = model.talker, [], []

@@ -5,6 +5,8 @@ volumes, images and settings agree with each other and with the server. No clust
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import os
 import re
 import shutil
@@ -24,10 +26,23 @@ PORT = 8100
 PRESTOP_S = 10
 
 
+@functools.lru_cache(maxsize=None)
+def _kubectl_minor(kubectl: str) -> int:
+    """kubectl's client minor version ("32+" -> 32)."""
+    done = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"kubectl version failed:\n{done.stderr}"
+    return int(re.match(r"\d+", json.loads(done.stdout)["clientVersion"]["minor"]).group())
+
+
 def _kubectl() -> str:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is not installed (Debian: apt-get install kubernetes-client; .ci/run installs it)")
+        pytest.skip("kubectl (1.21 or newer) is not installed; Debian 12's kubernetes-client, 1.20, is too old")
+    if _kubectl_minor(kubectl) < 21:
+        # the overlays name their base under resources and their patches under patches (path:),
+        # which kustomize reads from v2.1 on; kubectl 1.20 (Debian bookworm's) embeds v2.0.3
+        pytest.skip(f"kubectl 1.{_kubectl_minor(kubectl)} is too old for deploy/kubernetes: its kustomize "
+                    "reads neither resources: folders nor patches: (kubectl 1.21 or newer does)")
     return kubectl
 
 
@@ -42,6 +57,19 @@ def render(folder: Path) -> list[dict]:
 def rendered() -> dict[str, list[dict]]:
     return {**{name: render(KUBE / "overlays" / name) for name in (*OVERLAYS, "wyoming")},
             "model-pull": render(KUBE / "model-pull")}
+
+
+KUSTOMIZATIONS = sorted(p.parent.relative_to(KUBE).as_posix() for p in KUBE.rglob("kustomization.yaml"))
+
+
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS)
+def test_kustomize_renders_without_warnings(folder):
+    """Every kustomization renders and writes nothing to stderr: no deprecated field (bases,
+    patchesStrategicMerge, ...) that newer kustomize warns about, no other warning."""
+    done = subprocess.run([_kubectl(), "kustomize", str(KUBE / folder)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"kubectl kustomize {folder} failed:\n{done.stderr}"
+    assert done.stderr == "", f"kubectl kustomize {folder} warned:\n{done.stderr}"
+    assert [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def one(docs: list[dict], kind: str, name: str = NAME) -> dict:
@@ -219,7 +247,7 @@ def test_autoscaler_required_fields(rendered, overlay):
     # the query reads gauges the server exports, summed over replicas
     gauges = re.findall(r"sum\((qtts_[a-z_]+)\{", meta["query"])
     assert sorted(gauges) == ["qtts_active_streams", "qtts_queue_depth"], meta["query"]
-    metrics_source = (ROOT / "api" / "metrics.py").read_text()
+    metrics_source = (ROOT / "api" / "ops" / "metrics.py").read_text()
     for gauge in gauges:
         assert f'"{gauge}"' in metrics_source, f"/metrics has no {gauge}"
     # aim below the slots of one replica, so requests rarely queue
@@ -316,6 +344,26 @@ def test_manifests_match_the_dockerfile(rendered):
     assert users == {f"{context['runAsUser']}:{context['runAsGroup']}"}, users
     assert re.search(r'^\s*ENTRYPOINT\s+\["python", "-m", "qwen3_tts_gguf"\]', text, re.M)
     assert re.search(r'^\s*CMD\s+\["serve"', text, re.M)
+
+
+def test_the_flavors_final_stages_differ_only_in_the_flavor():
+    """deploy/Dockerfile writes the final stage once per flavor (`--target cuda` alone must pick it; the
+    Dockerfile says why it is not one stage): the three are the same text but for the flavor's name,
+    each on its own runtime and build stage, and the CPU one is last, the default target."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    stages = re.split(r"^(?=FROM\s)", text, flags=re.M)[1:]
+    names = [re.match(r"FROM\s+\S+\s+AS\s+(\S+)", s, re.I).group(1) for s in stages]
+    assert names[-1] == "cpu", "the CPU image is the default target: the last stage"
+    finals = {}
+    for stage, name in zip(stages, names):
+        if name in ("cpu", "cuda", "vulkan"):
+            lines = [line.rstrip() for line in stage.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+            assert lines[0] == f"FROM {name}-runtime AS {name}"
+            assert f"COPY --from={name}-build /opt/qtts /opt/qtts" in lines
+            assert f'qwen3-tts-x.flavor="{name}"' in " ".join(lines)
+            finals[name] = [re.sub(rf"\b{name}\b", "FLAVOR", line) for line in lines]
+    assert sorted(finals) == ["cpu", "cuda", "vulkan"]
+    assert finals["cuda"] == finals["cpu"] and finals["vulkan"] == finals["cpu"], "keep the final stages alike"
 
 
 def test_every_llama_build_is_the_one_recipe():

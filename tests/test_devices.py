@@ -18,10 +18,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from api.config import engine_settings_from_args
-from qwen3_tts_gguf import devices, onnx_session
 from qwen3_tts_gguf.cli import build_parser
-from qwen3_tts_gguf.devices import GPU_LAYERS_ALL, BackendDevice, DeviceError, LlamaRuntime, check_gpu_layers
+from qwen3_tts_gguf.model import onnx_session
+from qwen3_tts_gguf.runtime import devices, locks
+from qwen3_tts_gguf.runtime.devices import GPU_LAYERS_ALL, BackendDevice, DeviceError, LlamaRuntime, check_gpu_layers
+
+from api.config import engine_settings_from_args
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_BUILD = bool(devices.llama_runtime().gpu_backends)
@@ -112,7 +114,7 @@ def test_gpu_layers_must_be_a_count_or_all(text, capsys):
 
 def test_the_device_reaches_the_onnx_sessions(tiny_cv_f32):
     """--device auto through serve's settings into a loaded model: the sessions say which provider."""
-    from qwen3_tts_gguf.model import LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
 
     settings = engine_settings_from_args(serve_args("--device", "auto", "--threads", "1", "--max-streams", "1"))
     assert settings.device == "auto"
@@ -162,7 +164,7 @@ def test_synth_refuses_gpu_layers_on_a_cpu_build(tiny_cv_f32, tmp_path):
 
 @CPU_BUILD_ONLY
 def test_the_talker_itself_refuses_gpu_layers_on_a_cpu_build(tiny_cv_f32):
-    from qwen3_tts_gguf.talker import Talker, TalkerError, TalkerSettings
+    from qwen3_tts_gguf.model.talker import Talker, TalkerError, TalkerSettings
 
     with pytest.raises(TalkerError, match="no GPU backend"):
         Talker(tiny_cv_f32 / "talker.gguf", TalkerSettings(n_ctx=64, max_streams=1, gpu_layers=1))
@@ -222,7 +224,7 @@ def test_doctor_reports_backends_providers_and_the_default_plan():
     assert "llama.cpp (llama-cpp-python 0.3.36" in out and "backends: " in out and "device CPU: cpu" in out
     assert ("GPU backend: none" in out) != GPU_BUILD
     assert "ONNX Runtime" in out and "CPUExecutionProvider" in out and "auto ->" in out
-    from qwen3_tts_gguf.openvino_session import openvino_version
+    from qwen3_tts_gguf.model.openvino_session import openvino_version
 
     openvino = f"openvino {openvino_version()}" if openvino_version() else "openvino not installed (pip install openvino)"
     assert f"--codec-runtime: onnxruntime {ort.__version__}, {openvino}" in out
@@ -260,8 +262,8 @@ def test_a_device_lock_serialises_and_counts_the_wait():
     import threading
     import time
 
-    lock = devices.device_lock("TestGPU0")
-    assert devices.device_lock("TestGPU0") is lock  # one per device, process-wide
+    lock = locks.device_lock("TestGPU0")
+    assert locks.device_lock("TestGPU0") is lock  # one per device, process-wide
     inside, overlaps = [], []
 
     def work():
@@ -277,13 +279,13 @@ def test_a_device_lock_serialises_and_counts_the_wait():
     for t in threads:
         t.join()
     assert overlaps == [1, 1, 1]
-    stats = devices.device_lock_stats()["TestGPU0"]
+    stats = locks.device_lock_stats()["TestGPU0"]
     assert stats["acquisitions"] == 3
     assert stats["waited_s"] >= 0.05 * 2 and stats["held_s"] >= 0.15 and stats["max_wait_s"] >= 0.05
-    lines = devices.prometheus_lines()
+    lines = locks.prometheus_lines()
     assert "# TYPE qtts_device_wait_seconds_total counter" in lines
     assert any(line.startswith('qtts_device_wait_seconds_total{device="TestGPU0"} ') for line in lines)
     # sessions on the CPU take no lock; a CUDA session shares llama.cpp's CUDA0 lock
-    assert devices.onnx_device_lock("cpu", "CPUExecutionProvider") is None
-    assert devices.onnx_device_lock("cuda", "CUDAExecutionProvider") is devices.device_lock("CUDA0")
-    assert devices.talker_device_locks(0) == ()
+    assert locks.onnx_device_lock("cpu", "CPUExecutionProvider") is None
+    assert locks.onnx_device_lock("cuda", "CUDAExecutionProvider") is locks.device_lock("CUDA0")
+    assert locks.talker_device_locks(0) == ()

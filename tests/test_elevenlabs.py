@@ -1,4 +1,4 @@
-"""ElevenLabs' multi-context socket (`api/elevenlabs.py`) end to end: a real uvicorn server, the
+"""ElevenLabs' multi-context socket (`api/protocols/elevenlabs.py`) end to end: a real uvicorn server, the
 `websockets` client sending what Pipecat's and LiveKit's ElevenLabs services send (a context opened
 with " ", words with their trailing spaces, `flush`, `close_context`, the key as `xi-api-key`).
 
@@ -19,10 +19,20 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from api.elevenlabs import MAX_CONTEXTS
-from qwen3_tts_gguf.audio_encoding import StreamResampler, s16_to_ulaw, to_s16
-from tests.ws_helpers import KEY, SEED, TIMEOUT, httpx, post_speech, run_pipecat, serve, short_stream_registries, \
-    wait_idle
+from qwen3_tts_gguf.audio.encoding import StreamResampler, s16_to_ulaw, to_s16
+
+from api.protocols.elevenlabs import MAX_CONTEXTS
+from tests.ws_helpers import (
+    KEY,
+    SEED,
+    TIMEOUT,
+    httpx,
+    post_speech,
+    run_pipecat,
+    serve,
+    short_stream_registries,
+    wait_idle,
+)
 
 TEXTS = {"a": "Hello there, this is the first voice.", "b": "And here a second one speaks."}
 

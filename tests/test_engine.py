@@ -7,11 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.prompt import PromptError, VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.sampler import SamplingParams
-from qwen3_tts_gguf.scheduler import Engine
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
+from qwen3_tts_gguf.engine.scheduler import Engine
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec
+from qwen3_tts_gguf.model.sampler import SamplingParams
+
 from tests.llm_text import PAUSE_S, llm_deltas
 from tests.reference.runner import official_generate
 from tests.waiting import wait_until
@@ -246,7 +247,8 @@ def test_quantized_talker_reports_code_agreement(converted_factory, record_prope
 def test_voice_clone_codes_and_audio_equal_official(name, mode, converted_factory, checkpoint_factory):
     """Base models: codes equal generate_voice_clone; ICL audio equals the official decode of
     reference + generated codes with exactly n_ref x 1920 samples removed."""
-    from qwen3_tts_gguf.prompt import ReferencePrompt
+    from qwen3_tts_gguf.model.prompt import ReferencePrompt
+
     from tests.reference.runner import clone_prompt, official_decode
 
     model = LoadedModel(converted_factory(name, "f32"), EngineSettings(deterministic=True, max_streams=2))
@@ -302,7 +304,7 @@ def test_voice_prefix_is_cached_and_reused(converted_factory):
 def test_live_text_with_an_in_context_clone_equals_the_whole_text(converted_factory):
     """ICL voices in streaming text mode: the stream starts once the reference rows are paired
     with text (or at close), and deltas give the codes of the whole text at once."""
-    from qwen3_tts_gguf.prompt import ReferencePrompt
+    from qwen3_tts_gguf.model.prompt import ReferencePrompt
 
     model = LoadedModel(converted_factory("tiny_base", "f32"), EngineSettings(deterministic=True, max_streams=2))
     rng = np.random.default_rng(5)
@@ -372,7 +374,8 @@ def test_waiting_live_streams_warm_no_more_prefixes_than_the_cache_holds(convert
 def test_an_idle_engine_gives_the_freed_heap_back_once(converted_factory, monkeypatch):
     """Once the last stream is done (and the overlapped codec's last call) and the engine has stayed idle
     for a while, it trims the heap: once per busy spell, not while streams run, not again while idle."""
-    from qwen3_tts_gguf import heap, scheduler
+    from qwen3_tts_gguf.engine import scheduler
+    from qwen3_tts_gguf.runtime import heap
 
     monkeypatch.setattr(scheduler, "IDLE_TRIM_S", 0.3)
     model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(max_streams=2, threads=2))

@@ -10,12 +10,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.prompt import ContextLengthExceeded, PromptError, VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.sampler import SamplingParams
-from qwen3_tts_gguf.scheduler import Engine, EngineBusy, EngineStopped
-from qwen3_tts_gguf.talker import TalkerError
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
+from qwen3_tts_gguf.engine.scheduler import Engine, EngineBusy, EngineStopped
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, PromptError, VoiceSpec
+from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.talker import TalkerError
+
 from tests.waiting import wait_until
 
 SAMPLED = SamplingParams(temperature=0.9, top_k=50)
@@ -76,7 +77,7 @@ def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) 
         return act is not None and len(act.codes) >= 3
 
     if stage == "sampler":
-        import qwen3_tts_gguf.scheduler as scheduler
+        import qwen3_tts_gguf.engine.scheduler as scheduler
         real = scheduler.sample_code0
 
         def sample(logits, history, step, sampling, rng, **kw):

@@ -18,8 +18,10 @@ except ImportError:  # pragma: no cover
 import pytest
 from websockets.sync.client import connect
 
-from qwen3_tts_gguf.cli import SERVE_ENV_PREFIX, build_parser
+from api.cli_args import SERVE_ENV_PREFIX
+from qwen3_tts_gguf.cli import build_parser
 from qwen3_tts_gguf.env_flags import env_name
+
 from tests.serve_process import ROOT, ServeProcess
 from tests.waiting import wait_until
 
@@ -202,7 +204,7 @@ def test_a_number_outside_its_domain_is_a_usage_error(capsys, argv):
 
 
 def test_engine_settings_keep_their_domains():
-    from qwen3_tts_gguf.model import MAX_KV_CELLS, MAX_STREAMS, EngineSettings
+    from qwen3_tts_gguf.model.loaded import MAX_KV_CELLS, MAX_STREAMS, EngineSettings
 
     EngineSettings(threads=0, max_streams=MAX_STREAMS, max_pending=0, max_pending_live=0, prefix_cache=0)
     for bad in (dict(threads=-1), dict(max_streams=0), dict(max_streams=MAX_STREAMS + 1), dict(max_pending=-1),

@@ -15,10 +15,11 @@ import sys
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf import checkpoint
-from qwen3_tts_gguf.checkpoint import Checkpoint, CheckpointError, parse_config
-from qwen3_tts_gguf.model_shapes import MODEL_TYPES, SHAPES, checkpoint_configs
-from qwen3_tts_gguf.safetensors_io import SafetensorsError, SafetensorsFile, write_safetensors
+from qwen3_tts_gguf.convert import checkpoint
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint, CheckpointError, parse_config
+from qwen3_tts_gguf.convert.model_shapes import MODEL_TYPES, SHAPES, checkpoint_configs
+from qwen3_tts_gguf.model.safetensors_io import SafetensorsError, SafetensorsFile, write_safetensors
+
 from tests.conftest import ROOT
 
 # -- .safetensors ---------------------------------------------------------------------------------

@@ -14,10 +14,11 @@ try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
 except ImportError:  # pragma: no cover
     import httpx
 
+from qwen3_tts_gguf.audio.encoding import StreamingEncoder, to_s16
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.testing import ServerThread
-from qwen3_tts_gguf.audio_encoding import StreamingEncoder, to_s16
-from qwen3_tts_gguf.model import EngineSettings
 
 
 def streaminfo(data: bytes) -> dict:

@@ -39,11 +39,12 @@ import pytest
 import soundfile
 from websockets.exceptions import ConnectionClosed
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.voices.store import VoiceStore
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
-from qwen3_tts_gguf.voices import VoiceStore
 from tests.hostile import (
     KEY,
     TIMEOUT,

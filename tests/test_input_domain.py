@@ -25,13 +25,14 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.voices.store import NAME_RE
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.errors import validation_error
 from api.schemas import NOT_BLANK_PATTERN, VOICE_NAME_PATTERN, SpeechRequest
-from api.synthesis import ignored_fields_header
+from api.speaking.plan import ignored_fields_header
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
-from qwen3_tts_gguf.voices import NAME_RE
 
 BASE = {"model": "tts-1", "input": "Hello there.", "voice": "ryan", "response_format": "pcm", "max_frames": 2,
         "seed": 3}

@@ -10,9 +10,10 @@ import contextlib
 
 import pytest
 
+from qwen3_tts_gguf.cli import build_parser
+
 from api import ServerConfig, create_app
 from api.testing import ServerThread
-from qwen3_tts_gguf.cli import build_parser
 from tests.ws_helpers import KEY, httpx, loaded_registry, ws_settings
 
 

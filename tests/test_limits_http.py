@@ -24,12 +24,13 @@ try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
 except ImportError:  # pragma: no cover
     import httpx
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.voices.store import VoiceStore
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits
 from api.testing import ServerThread
-from api.voice_profiles import StoredVoiceProfiles
-from qwen3_tts_gguf.model import EngineSettings
-from qwen3_tts_gguf.voices import VoiceStore
+from api.voices import StoredVoiceProfiles
 from tests.test_cli_voices import speechlike
 from tests.waiting import wait_until
 
@@ -174,7 +175,7 @@ def test_multipart_upload_limits(server, http, voices_dir):
 def test_a_profile_that_could_not_be_read_back_is_never_saved(tmp_path):
     import numpy as np
 
-    from qwen3_tts_gguf.voices import VoiceProfile, VoiceProfileError
+    from qwen3_tts_gguf.voices.store import VoiceProfile, VoiceProfileError
 
     profile = VoiceProfile.create(name="wordy", model_size="0.6b", hidden_size=8, speaker_embedding=np.zeros(8),
                                   mode="icl", ref_text="x" * (5 * 1024 * 1024), ref_codes=np.zeros((2, 16), np.int64))
@@ -256,7 +257,7 @@ def test_one_client_holds_its_share_and_others_still_get_through(server, http):
 
 
 def test_client_address_behind_trusted_proxies():
-    from api.clients import client_address, parse_networks
+    from api.ops.clients import client_address, parse_networks
 
     trusted = parse_networks(["10.0.0.0/8", "::1"])
 
@@ -335,9 +336,9 @@ def test_a_client_that_leaves_cancels_its_voice_job(server, voices_dir, gated_cl
 
 
 def test_a_design_is_cancelled_through_its_engine_stream(converted_factory):
-    from qwen3_tts_gguf.model import LoadedModel
-    from qwen3_tts_gguf.scheduler import Engine
-    from qwen3_tts_gguf.voice_design import Cancellation, Cancelled, speak_reference
+    from qwen3_tts_gguf.engine.scheduler import Engine
+    from qwen3_tts_gguf.model.loaded import LoadedModel
+    from qwen3_tts_gguf.voices.design import Cancellation, Cancelled, speak_reference
 
     model = LoadedModel(converted_factory("tiny_vd", "f32"), EngineSettings(threads=1, max_streams=1))
     try:
@@ -384,7 +385,7 @@ def test_only_loopback_host_names_are_served_on_loopback(server, http):
 
 
 def test_host_rules():
-    from api.hosts import allowed_hosts, host_matches
+    from api.ops.hosts import allowed_hosts, host_matches
 
     assert allowed_hosts(ServerConfig(host="0.0.0.0")) is None  # not loopback: any host
     listed = allowed_hosts(ServerConfig(host="0.0.0.0", limits=ServerLimits(allowed_hosts=("tts.example",

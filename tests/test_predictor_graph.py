@@ -8,14 +8,15 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf import sampler
-from qwen3_tts_gguf.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert import numpy_reference
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.onnx_builder import save_model
 from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, build_sampler
-from qwen3_tts_gguf.onnx_session import make_session
-from qwen3_tts_gguf.predictor import CodePredictor
-from qwen3_tts_gguf.sampler import SamplingParams
+from qwen3_tts_gguf.model import sampler
+from qwen3_tts_gguf.model.onnx_session import make_session
+from qwen3_tts_gguf.model.predictor import CodePredictor
+from qwen3_tts_gguf.model.sampler import SamplingParams
+
 from tests.reference.official import import_qwen_tts
 
 LOGIT_ATOL = 1e-4  # fp32 graph vs fp32 torch, logits std ~4
@@ -198,8 +199,7 @@ def _hf_probs(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, bool]:
     """HF generate's processed distribution for one row (the warpers it would install), and
     whether a token sits on the top-p boundary (within fp32 rounding, so either choice is right)."""
     import torch
-    from transformers.generation.logits_process import (
-        TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     scores = torch.from_numpy(logits[None].astype(np.float32))
     if p.temperature != 1.0:
@@ -301,9 +301,9 @@ def test_sampling_params_from_generation_config():
 def test_quantized_code_predictor_agreement(converted_factory, precision, max_rel_rms, record_property):
     """MatMulNBits code predictors are not exact: report greedy agreement with fp32 and bound the
     logit error (the converter's self-check measured it against the source weights too)."""
-    from qwen3_tts_gguf.manifest import load_manifest
-    from qwen3_tts_gguf.predictor import CodePredictor
-    from qwen3_tts_gguf.sampler import pack
+    from qwen3_tts_gguf.model.manifest import load_manifest
+    from qwen3_tts_gguf.model.predictor import CodePredictor
+    from qwen3_tts_gguf.model.sampler import pack
 
     fp32 = CodePredictor(converted_factory("tiny_cv", "f32") / "code_predictor.onnx", threads=1)
     folder = converted_factory("tiny_cv", "f32", precision)

@@ -14,7 +14,8 @@ import json
 import pytest
 from websockets.sync.client import connect
 
-from qwen3_tts_gguf.model import EngineSettings
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
 from tests.ws_helpers import httpx, loaded_registry, post_speech, serve, ws_url
 
 TEXT = "Hello there, 👋 this is progress: 世界."

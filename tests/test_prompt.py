@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.pipeline import build_manifest
 from qwen3_tts_gguf.convert.text_tables import write_text_tables
-from qwen3_tts_gguf.embeddings import EmbeddingTables
-from qwen3_tts_gguf.prompt import PromptBuilder, PromptError, VoiceSpec
-from qwen3_tts_gguf.tokenizer import TextTokenizer
+from qwen3_tts_gguf.model.embeddings import EmbeddingTables
+from qwen3_tts_gguf.model.prompt import PromptBuilder, PromptError, VoiceSpec
+from qwen3_tts_gguf.model.tokenizer import TextTokenizer
+
 from tests.reference.runner import official_prompt
 
 # numpy vs PyTorch for the 2-layer text projection: ~1e-6
@@ -79,7 +80,8 @@ ICL_CASES = [  # (checkpoint, text, reference transcript, reference frames, lang
 @pytest.mark.parametrize("case", ICL_CASES, ids=lambda c: f"{c[0]}-{c[3]}")
 @pytest.mark.parametrize("text_mode", ["non-streaming", "streaming"])
 def test_clone_prompts_equal_official(case, text_mode, checkpoint_factory, tmp_path):
-    from qwen3_tts_gguf.prompt import ReferencePrompt
+    from qwen3_tts_gguf.model.prompt import ReferencePrompt
+
     from tests.reference.runner import clone_prompt
 
     name, text, ref_text, n_ref, language = case

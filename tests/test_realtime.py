@@ -22,12 +22,24 @@ import soxr
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from api.lifecycle import PROCESS
+from qwen3_tts_gguf.audio.encoding import alaw_to_s16, ulaw_to_s16
+
+from api.ops.lifecycle import PROCESS
 from api.testing import ServerThread
-from qwen3_tts_gguf.audio_encoding import alaw_to_s16, ulaw_to_s16
 from tests.llm_text import llm_deltas
-from tests.ws_helpers import KEY, SAMPLES_PER_FRAME, TIMEOUT, event, loaded_registry, post_speech, refused, serve, \
-    speak_live, wait_idle, ws_settings
+from tests.ws_helpers import (
+    KEY,
+    SAMPLES_PER_FRAME,
+    TIMEOUT,
+    event,
+    loaded_registry,
+    post_speech,
+    refused,
+    serve,
+    speak_live,
+    wait_idle,
+    ws_settings,
+)
 
 TEXT = "Hello there, this is a realtime test."
 SEED = 5

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qwen3_tts_gguf import sampler
-from qwen3_tts_gguf.request import TalkerSampling
-from qwen3_tts_gguf.sampler import SamplingParams, distribution, sample, sample_code0, talker_logits_processors
+from qwen3_tts_gguf.engine.request import TalkerSampling
+from qwen3_tts_gguf.model import sampler
+from qwen3_tts_gguf.model.sampler import SamplingParams, distribution, sample, sample_code0, talker_logits_processors
 
 CODES = 2048  # codebook-0 codes; ids from here up are control ids
 TALKER_VOCAB = 3072

@@ -10,14 +10,13 @@ import threading
 import httpx
 import pytest
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits
 from api.registry import SupervisionPolicy
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
 from tests.waiting import wait_until
-
-
 
 
 def speech(frames: int = 4, fmt: str = "pcm", text: str = "Hello there.") -> dict:

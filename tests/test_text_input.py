@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.text_feed import TextFeed
-from qwen3_tts_gguf.text_segments import split_segments
-from qwen3_tts_gguf.tokenizer import TextTokenizer
+from qwen3_tts_gguf.model.tokenizer import TextTokenizer
+from qwen3_tts_gguf.text.feed import TextFeed
+from qwen3_tts_gguf.text.segments import split_segments
 
 TEXTS = [
     "OpenAI and McDonald's use JavaScript iPhone APIs.",

@@ -8,14 +8,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf import text_normalization as tn
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.prompt import VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.sampler import SamplingParams
-from qwen3_tts_gguf.scheduler import Engine
-from qwen3_tts_gguf.text_normalization import (MAX_HELD_CHARS, LiveNormalizer, StreamingNormalizer,
-                                               normalize_text, pick_language)
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
+from qwen3_tts_gguf.engine.scheduler import Engine
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.text import normalization as tn
+from qwen3_tts_gguf.text.normalization import (
+    MAX_HELD_CHARS,
+    LiveNormalizer,
+    StreamingNormalizer,
+    normalize_text,
+    pick_language,
+)
 
 TEXTS = {  # language -> text whose character-by-character normalization must equal the whole text's
     "zh": "今天是2026年11月30日，气温-3.5℃，占99%的人同意。价格是$5.99，电话13800138000。我有 3 个苹果！好的",

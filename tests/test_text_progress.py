@@ -8,15 +8,16 @@ import time
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-from qwen3_tts_gguf.prompt import VoiceSpec
-from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling, TextProgress
-from qwen3_tts_gguf.sampler import SamplingParams
-from qwen3_tts_gguf.scheduler import Engine
-from qwen3_tts_gguf.text_normalization import normalize_text
-from qwen3_tts_gguf.text_sources import SPOKEN_FRAMES_PER_TOKEN
-from qwen3_tts_gguf.text_segments import locate_segments
-from qwen3_tts_gguf.tokenizer import bytes_to_unicode
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling, TextProgress
+from qwen3_tts_gguf.engine.scheduler import Engine
+from qwen3_tts_gguf.engine.text_sources import SPOKEN_FRAMES_PER_TOKEN
+from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.tokenizer import bytes_to_unicode
+from qwen3_tts_gguf.text.normalization import normalize_text
+from qwen3_tts_gguf.text.segments import locate_segments
+
 from tests.llm_text import PAUSE_S, llm_deltas
 
 GREEDY = SamplingParams(greedy=True)
@@ -204,7 +205,7 @@ def test_normalized_live_text(engine):
 @pytest.mark.parametrize("mode", ["streaming", "non-streaming", "live"])
 def test_a_progress_failure_turns_progress_off_not_the_stream(engine, monkeypatch, mode):
     """The stream ends as it would have, with the same audio, only without progress."""
-    from qwen3_tts_gguf import text_sources
+    from qwen3_tts_gguf.engine import text_sources
 
     def run():
         if mode == "live":

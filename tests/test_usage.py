@@ -1,4 +1,4 @@
-"""Usage (`api/usage.py`): the fields of SSE `speech.audio.done` and `/v1/ws` `done`, and the usage log
+"""Usage (`api/speaking/usage.py`): the fields of SSE `speech.audio.done` and `/v1/ws` `done`, and the usage log
 (`--usage-log`): one JSON line per finished stream across routes, never interleaved.
 
 A real uvicorn server and the tiny random model; every request caps `max_frames` (random weights
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
 from api import ServerConfig
+from api.speaking.usage import USAGE_FIELDS, USAGE_LOG_FIELDS, UsageLog, key_id
 from api.testing import ServerThread
-from api.usage import USAGE_FIELDS, USAGE_LOG_FIELDS, UsageLog, key_id
-from qwen3_tts_gguf.model import EngineSettings
 from tests.ws_helpers import httpx, loaded_registry, post_speech, serve, speak_live
 
 KEY = "usage-test-key"
@@ -179,9 +180,10 @@ def test_record_writes_the_line_of_any_socket_route(tmp_path):
 
     import numpy as np
 
-    from api.metrics import Metrics
-    from api.utterance import Ending, Utterance, record
-    from qwen3_tts_gguf.request import SynthesisResult
+    from qwen3_tts_gguf.engine.request import SynthesisResult
+
+    from api.ops.metrics import Metrics
+    from api.speaking.utterance import Ending, Utterance, record
 
     path = tmp_path / "usage.jsonl"
     state = SimpleNamespace(metrics=Metrics(), config=ServerConfig(usage_log=path, api_key=None))
@@ -202,7 +204,7 @@ def test_record_writes_the_line_of_any_socket_route(tmp_path):
 def test_normalized_characters_come_from_the_engine_result():
     from types import SimpleNamespace
 
-    from api.usage import usage
+    from api.speaking.usage import usage
 
     result = SimpleNamespace(text_tokens=4, frames=10, normalized_chars=None)
     assert usage(result, characters=7, samples=0, sample_rate=24000, first_audio_s=None)["normalized_characters"] \

@@ -21,11 +21,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from qwen3_tts_gguf.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.codec_encoder_graph import build_codec_encoder
 from qwen3_tts_gguf.convert.speaker_encoder_graph import build_speaker_encoder, log_mel_numpy, slaney_mel_filterbank
-from qwen3_tts_gguf.voice_clone import (AudioLimits, ReferenceAudioError, VoiceCloner, append_silence,
-                                        load_reference_audio)
+from qwen3_tts_gguf.voices.clone import (
+    AudioLimits,
+    ReferenceAudioError,
+    VoiceCloner,
+    append_silence,
+    load_reference_audio,
+)
+
 from tests.reference.runner import load_official
 
 SR = 24000
@@ -308,7 +314,7 @@ def test_trailing_silence_pads_codes_only(base_model):
 
 
 def test_voice_cloner_refuses_non_base(converted_factory):
-    from qwen3_tts_gguf.manifest import ModelFolderError
+    from qwen3_tts_gguf.model.manifest import ModelFolderError
 
     with pytest.raises(ModelFolderError, match="Base"):
         VoiceCloner(converted_factory("tiny_cv", "f32"))
@@ -374,7 +380,8 @@ def test_real_shape_parity(tmp_path):
 
     import torch
 
-    from qwen3_tts_gguf.model_shapes import checkpoint_configs
+    from qwen3_tts_gguf.convert.model_shapes import checkpoint_configs
+
     from tests.reference.checkpoints import _randomise
     from tests.reference.official import import_qwen_tts
 

@@ -9,9 +9,15 @@ import threading
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf import voices
-from qwen3_tts_gguf.voices import (VoiceExistsError, VoiceNotFoundError, VoiceProfile, VoiceProfileError, VoiceStore,
-                                   validate_name)
+from qwen3_tts_gguf.voices import store as voices
+from qwen3_tts_gguf.voices.store import (
+    VoiceExistsError,
+    VoiceNotFoundError,
+    VoiceProfile,
+    VoiceProfileError,
+    VoiceStore,
+    validate_name,
+)
 
 H = 64
 

@@ -39,7 +39,7 @@ FRAMES = 30
 def _why_skip() -> str | None:
     if not (VULKAN_VENV / "bin" / "python").exists():
         return ".venv-vulkan is absent: scripts/build-vulkan.sh builds it (CI does)"
-    from qwen3_tts_gguf import devices
+    from qwen3_tts_gguf.runtime import devices
 
     # before llama.cpp's Vulkan backend starts (it reads the variable once, when first asked)
     index = devices.lavapipe_index()
@@ -71,12 +71,13 @@ def _report(record_property, **values) -> None:
 
 
 def test_the_lavapipe_device_is_what_llama_cpp_offloads_to():
-    from qwen3_tts_gguf import devices
+    from qwen3_tts_gguf import doctor
+    from qwen3_tts_gguf.runtime import devices
 
     rt = devices.llama_runtime()
     gpu = [d for d in rt.gpu_devices if d.backend.lower().startswith("vulkan")]
     assert len(gpu) == 1 and "llvmpipe" in gpu[0].description.lower(), rt.devices
-    assert "Vulkan" in devices.describe_plan(ALL, "CPUExecutionProvider", rt)
+    assert "Vulkan" in doctor.describe_plan(ALL, "CPUExecutionProvider", rt)
 
 
 @pytest.fixture(scope="module", params=["tiny_cv", "tiny0b6_cv_bf16"])
@@ -87,7 +88,8 @@ def talker_case(request, converted_factory):
 def test_offloaded_talker_matches_cpu_and_official(talker_case, record_property):
     """Every layer and the output on lavapipe: logits and post-norm hidden of a prefill and 5 single
     steps, against llama.cpp's CPU backend (same build) and the official PyTorch talker."""
-    from qwen3_tts_gguf.talker import Talker, TalkerSettings
+    from qwen3_tts_gguf.model.talker import Talker, TalkerSettings
+
     from tests.conftest import official_checkpoint
     from tests.reference.runner import talker_forward
 
@@ -120,9 +122,9 @@ def test_the_q8_0_kv_cache_on_vulkan(checkpoint_factory, tmp_path, record_proper
     """The fast profile's default KV cache (q8_0, flash attention) with every layer on lavapipe: 64-wide
     heads (the small shape), logits against the CPU's f16 cache. Measured: relative RMS 4.3e-3 on
     Vulkan, 4.9e-3 for q8_0 on the CPU (the cache's rounding), 4.4e-4 for f16 on Vulkan."""
-    from qwen3_tts_gguf.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.talker_gguf import write_talker_gguf
-    from qwen3_tts_gguf.talker import Talker, TalkerSettings
+    from qwen3_tts_gguf.model.talker import Talker, TalkerSettings
 
     ckpt = Checkpoint.open(checkpoint_factory("small_cv"))
     write_talker_gguf(ckpt, tmp_path / "talker.gguf", "f32")
@@ -141,9 +143,9 @@ def test_the_q8_0_kv_cache_on_vulkan(checkpoint_factory, tmp_path, record_proper
 
 
 def _greedy(text: str, frames: int = FRAMES, voice=None, **kw):
-    from qwen3_tts_gguf.prompt import VoiceSpec
-    from qwen3_tts_gguf.request import SynthesisRequest, TalkerSampling
-    from qwen3_tts_gguf.sampler import SamplingParams
+    from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
+    from qwen3_tts_gguf.model.prompt import VoiceSpec
+    from qwen3_tts_gguf.model.sampler import SamplingParams
 
     greedy = SamplingParams(greedy=True)
     return SynthesisRequest(text, voice or VoiceSpec(speaker="ryan", language="english"),
@@ -152,8 +154,8 @@ def _greedy(text: str, frames: int = FRAMES, voice=None, **kw):
 
 
 def _engine(folder: Path, gpu_layers: int, deterministic: bool = True, max_streams: int = 4, device: str = "cpu"):
-    from qwen3_tts_gguf.model import EngineSettings, LoadedModel
-    from qwen3_tts_gguf.scheduler import Engine
+    from qwen3_tts_gguf.engine.scheduler import Engine
+    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 
     model = LoadedModel(folder, EngineSettings(deterministic=deterministic, max_streams=max_streams, threads=2,
                                                gpu_layers=gpu_layers, n_ctx=2048, device=device))
@@ -266,8 +268,8 @@ def test_two_models_on_one_device_take_turns(tiny_cv_f32, converted_factory, mon
     import threading
     import time
 
-    from qwen3_tts_gguf import devices
-    from qwen3_tts_gguf.talker import Talker
+    from qwen3_tts_gguf.model.talker import Talker
+    from qwen3_tts_gguf.runtime import locks
 
     intervals: list[tuple[int, float, float]] = []
     real = Talker._run_unlocked
@@ -280,7 +282,7 @@ def test_two_models_on_one_device_take_turns(tiny_cv_f32, converted_factory, mon
             intervals.append((id(self), t0, time.perf_counter()))
 
     monkeypatch.setattr(Talker, "_run_unlocked", timed)
-    before = devices.device_lock_stats()
+    before = locks.device_lock_stats()
     a = _engine(tiny_cv_f32, ALL, deterministic=False)
     b = _engine(converted_factory("tiny_vd", "f32"), ALL, deterministic=False)
     try:
@@ -291,7 +293,7 @@ def test_two_models_on_one_device_take_turns(tiny_cv_f32, converted_factory, mon
         def speak(engine, key, request):
             results[key] = _codes(engine, request)
 
-        from qwen3_tts_gguf.prompt import VoiceSpec
+        from qwen3_tts_gguf.model.prompt import VoiceSpec
 
         req_b = _greedy("A designed voice speaks.", frames=20,
                         voice=VoiceSpec(language="english", instruct="A calm voice."))
@@ -309,12 +311,12 @@ def test_two_models_on_one_device_take_turns(tiny_cv_f32, converted_factory, mon
     assert len(talkers) == 2
     spans = sorted((s, e) for _, s, e in intervals)
     assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:])), "decodes of two models overlapped"
-    after = devices.device_lock_stats()[name]
+    after = locks.device_lock_stats()[name]
     _report(record_property, device=name, decodes=len(intervals), lock_waited_s=round(after["waited_s"], 3),
             lock_held_s=round(after["held_s"], 3), max_wait_s=round(after["max_wait_s"], 4))
     assert after["acquisitions"] - before.get(name, {}).get("acquisitions", 0) >= len(intervals)
     assert after["waited_s"] >= 0 and any(line.startswith(f'qtts_device_wait_seconds_total{{device="{name}"}}')
-                                          for line in devices.prometheus_lines())
+                                          for line in locks.prometheus_lines())
 
 
 def test_webgpu_plugin_provider(tiny_cv_f32, record_property):
@@ -326,7 +328,7 @@ def test_webgpu_plugin_provider(tiny_cv_f32, record_property):
     pytest.importorskip("onnxruntime_ep_webgpu", reason="onnxruntime-ep-webgpu is not installed")
     import onnxruntime as ort
 
-    from qwen3_tts_gguf import onnx_session
+    from qwen3_tts_gguf.model import onnx_session
 
     assert onnx_session._register_plugin("webgpu"), "ONNX Runtime refused the WebGPU plugin library"
     devices = onnx_session.plugin_ep_devices("webgpu")

@@ -8,11 +8,12 @@ import logging
 import httpx
 import pytest
 
+from qwen3_tts_gguf.cli import build_parser
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.config import SERVE_WARM_UP_VOICES
 from api.testing import ServerThread
-from qwen3_tts_gguf.cli import build_parser
-from qwen3_tts_gguf.model import EngineSettings
 
 
 def first_request_prefix_hits(model, voices: tuple[str, ...], asked: tuple[str, ...] = ("alloy",),
@@ -35,7 +36,7 @@ def first_request_prefix_hits(model, voices: tuple[str, ...], asked: tuple[str, 
 
 
 def test_a_warmed_voice_finds_its_prefix_cached(tiny_cv_f32, caplog):
-    with caplog.at_level(logging.INFO, logger="api.warm_up"):
+    with caplog.at_level(logging.INFO, logger="api.speaking.warm_up"):
         before, hits = first_request_prefix_hits(tiny_cv_f32, ("alloy", "no-such-voice", "alloy:klingon"))
     assert before["streams_done"] == 1 and before["frames"] == 2  # the warm-up, and nothing else
     assert hits == 1
@@ -52,7 +53,7 @@ def test_all_warms_every_speaker_up_to_the_prefix_cache(tiny_cv_f32, caplog):
     speakers = ("vivian", "serena", "uncle_fu", "dylan", "eric", "ryan", "aiden", "ono_anna", "sohee")
     before, hits = first_request_prefix_hits(tiny_cv_f32, ("all",), asked=speakers[::-1])
     assert before["streams_done"] == len(speakers) and hits == len(speakers)  # each voice's first request
-    with caplog.at_level(logging.INFO, logger="api.warm_up"):
+    with caplog.at_level(logging.INFO, logger="api.speaking.warm_up"):
         before, hits = first_request_prefix_hits(tiny_cv_f32, ("all",), asked=speakers, prefix_cache=3)
     assert before["streams_done"] == 3 and hits == 3  # the first three: a fourth would evict one of them
     assert "has 9 voices and a prefix cache of 3; warming vivian, serena, uncle_fu" in caplog.text
@@ -70,7 +71,7 @@ def test_a_failing_warm_up_does_not_stop_the_server(tiny_cv_f32, caplog):
 
     registry.default.engine.submit = broken
     try:
-        with caplog.at_level(logging.INFO, logger="api.warm_up"):
+        with caplog.at_level(logging.INFO, logger="api.speaking.warm_up"):
             with ServerThread(create_app(ServerConfig(webui_dir=None, warm_up_voices=("ryan",)), registry)) as server:
                 assert httpx.get(server.url + "/ready", timeout=10).status_code == 200
         assert "warm-up: voice ryan on model" in caplog.text and "failed: injected" in caplog.text

@@ -14,10 +14,27 @@ import time
 import pytest
 from websockets.sync.client import connect
 
-from qwen3_tts_gguf.audio_encoding import StreamingEncoder
+from qwen3_tts_gguf.audio.encoding import StreamingEncoder
+
 from tests.llm_text import PAUSE_S, llm_deltas
-from tests.ws_helpers import KEY, SAMPLES_PER_FRAME, TEXT, TIMEOUT, expect_error, loaded_registry, open_ws, \
-    refused, say_and_stop, send, serve, start, until_done, wait_idle, whole_text_pcm, ws_settings
+from tests.ws_helpers import (
+    KEY,
+    SAMPLES_PER_FRAME,
+    TEXT,
+    TIMEOUT,
+    expect_error,
+    loaded_registry,
+    open_ws,
+    refused,
+    say_and_stop,
+    send,
+    serve,
+    start,
+    until_done,
+    wait_idle,
+    whole_text_pcm,
+    ws_settings,
+)
 
 MAX_STREAMS = 4
 

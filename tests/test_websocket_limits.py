@@ -18,8 +18,23 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from api.testing import ServerThread
-from tests.ws_helpers import TEXT, TIMEOUT, event, eventually, expect_error, httpx, loaded_registry, open_from, send, \
-    serve, start, until_done, wait_idle, whole_text_pcm, ws_settings
+from tests.ws_helpers import (
+    TEXT,
+    TIMEOUT,
+    event,
+    eventually,
+    expect_error,
+    httpx,
+    loaded_registry,
+    open_from,
+    send,
+    serve,
+    start,
+    until_done,
+    wait_idle,
+    whole_text_pcm,
+    ws_settings,
+)
 
 MAX_STREAMS = 2
 

@@ -1,4 +1,4 @@
-"""Resumable `/v1/ws` streams end to end (`api/resume.py`): a real uvicorn server, the `websockets`
+"""Resumable `/v1/ws` streams end to end (`api/protocols/resume.py`): a real uvicorn server, the `websockets`
 client, the tiny random model in the deterministic profile.
 
 The proof that a resume loses nothing: a stream whose TCP connection is cut mid-stream and resumed on
@@ -22,8 +22,22 @@ from websockets.sync.client import ClientConnection
 from api.limits import ServerLimits
 from api.testing import ServerThread
 from tests import ws_helpers
-from tests.ws_helpers import KEY, TIMEOUT, event, event_after_audio, httpx, loaded_registry, open_from, open_ws, send, \
-    serve, until_done, wait_idle, whole_text_pcm, ws_settings
+from tests.ws_helpers import (
+    KEY,
+    TIMEOUT,
+    event,
+    event_after_audio,
+    httpx,
+    loaded_registry,
+    open_from,
+    open_ws,
+    send,
+    serve,
+    until_done,
+    wait_idle,
+    whole_text_pcm,
+    ws_settings,
+)
 
 MAX_STREAMS = 4
 FRAMES = 48
@@ -421,7 +435,7 @@ def fake_stream(limits: ServerLimits):
     """A registry and a resumable stand-in utterance attached to a first socket."""
     from types import SimpleNamespace
 
-    from api.resume import ResumeRegistry
+    from api.protocols.resume import ResumeRegistry
 
     settings = SimpleNamespace(max_buffered_audio_s=10.0)
     utterance = SimpleNamespace(id="u1", plan=SimpleNamespace(served=SimpleNamespace(model=SimpleNamespace(

@@ -18,10 +18,11 @@ except ImportError:  # pragma: no cover
     import httpx
 import pytest
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.testing import ServerThread
 from tests.conftest import CHROMIUM
-from qwen3_tts_gguf.model import EngineSettings
 
 pytest.importorskip("playwright.sync_api")
 

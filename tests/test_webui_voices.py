@@ -18,12 +18,13 @@ except ImportError:  # pragma: no cover
 import pytest
 import soundfile
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.voices.store import VoiceStore
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
-from qwen3_tts_gguf.voices import VoiceStore
-from tests.test_cli_voices import speechlike
 from tests.conftest import CHROMIUM
+from tests.test_cli_voices import speechlike
 from tests.test_webui import ROOT, SAMPLES_PER_FRAME, WAIT_MS, qtts, screenshot
 
 pytest.importorskip("playwright.sync_api")

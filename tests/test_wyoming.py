@@ -1,4 +1,4 @@
-"""Wyoming (`serve --wyoming-port`, `api/wyoming.py`) end to end: a real uvicorn server whose lifespan
+"""Wyoming (`serve --wyoming-port`, `api/protocols/wyoming.py`) end to end: a real uvicorn server whose lifespan
 opens the Wyoming port on loopback, and the `wyoming` package's own client (what Home Assistant uses).
 
 Random weights rarely say EOS: the engine's runaway budget is set small, so every synthesis ends
@@ -19,14 +19,14 @@ from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
-from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, \
-    SynthesizeVoice
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
+
+from qwen3_tts_gguf.cli import build_parser
 
 from api import ServerConfig, create_app
-from api.lifecycle import PROCESS
 from api.limits import ServerLimits
+from api.ops.lifecycle import PROCESS
 from api.testing import ServerThread
-from qwen3_tts_gguf.cli import build_parser
 from tests.ws_helpers import KEY, httpx, run_async, short_stream_registries, wait_idle
 
 SAMPLES_PER_FRAME = 1920

@@ -26,10 +26,11 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits
 from api.testing import ServerThread
-from qwen3_tts_gguf.model import EngineSettings
 
 __all__ = ["FRAMES", "KEY", "SAMPLES_PER_FRAME", "SEED", "TEXT", "TIMEOUT", "ClientConnection", "ServerThread",
            "event", "eventually", "expect_error", "httpx", "loaded_registry", "open_from", "open_ws",

@@ -38,8 +38,8 @@ import math
 import numpy as np
 import onnx
 
-from ..checkpoint import Checkpoint, CheckpointError
-from .onnx_builder import GraphBuilder
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint, CheckpointError
+from qwen3_tts_gguf.convert.onnx_builder import GraphBuilder
 
 PREFIX = "encoder."
 NUM_CODEBOOKS = 16

@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import onnx
 
-from ..checkpoint import Checkpoint
-from .onnx_builder import GraphBuilder
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.onnx_builder import GraphBuilder
 
 INT_MAX = np.iinfo(np.int64).max
 NUM_CODEBOOKS_SEMANTIC = 1

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..checkpoint import CodecDecoderConfig
+from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 RESIDUAL_DILATIONS = (1, 3, 9)

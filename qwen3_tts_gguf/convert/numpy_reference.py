@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..checkpoint import ModelConfig, TransformerConfig
+from qwen3_tts_gguf.convert.checkpoint import ModelConfig, TransformerConfig
 
 
 def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

@@ -16,17 +16,28 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .. import __version__
-from ..checkpoint import Checkpoint, CheckpointError
-from ..manifest import (CODEC_ENCODER_FILE, CODEC_FILE, MANIFEST, PREDICTOR_CPU_FILE, PREDICTOR_FILE,
-                        SPEAKER_ENCODER_FILE, TALKER_FILE, TEXT_TABLES_FILE, Manifest, ModelFolderError, file_entries,
-                        load_manifest)
-from ..tokenizer import TOKENIZER_FILES, official_pretokenizer
-from .onnx_builder import save_model, save_model_sharing_weights
-from .predictor_graph import build_code_predictor, quantize_code_predictors
-from .presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
-from .talker_gguf import QUANTS, write_talker_gguf
-from .text_tables import write_text_tables
+from qwen3_tts_gguf import __version__
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint, CheckpointError
+from qwen3_tts_gguf.convert.onnx_builder import save_model, save_model_sharing_weights
+from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictors
+from qwen3_tts_gguf.convert.presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
+from qwen3_tts_gguf.convert.talker_gguf import QUANTS, write_talker_gguf
+from qwen3_tts_gguf.convert.text_tables import write_text_tables
+from qwen3_tts_gguf.model.manifest import (
+    CODEC_ENCODER_FILE,
+    CODEC_FILE,
+    MANIFEST,
+    PREDICTOR_CPU_FILE,
+    PREDICTOR_FILE,
+    SPEAKER_ENCODER_FILE,
+    TALKER_FILE,
+    TEXT_TABLES_FILE,
+    Manifest,
+    ModelFolderError,
+    file_entries,
+    load_manifest,
+)
+from qwen3_tts_gguf.model.tokenizer import TOKENIZER_FILES, official_pretokenizer
 
 _SIZES = {"0b6": "0.6b", "1b7": "1.7b"}
 
@@ -155,14 +166,14 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         save_model_sharing_weights(cpu, tmp / PREDICTOR_CPU_FILE, tmp / PREDICTOR_FILE)
         bar.update()
         stage("codec decoder")
-        from .codec_graph import build_codec_decoder
+        from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
 
         save_model(build_codec_decoder(ckpt), tmp / CODEC_FILE)
         bar.update()
         if ckpt.config.model_type == "base":  # voice cloning: reference audio -> x-vector, reference codes
             stage("voice encoders")
-            from .codec_encoder_graph import build_codec_encoder
-            from .speaker_encoder_graph import build_speaker_encoder
+            from qwen3_tts_gguf.convert.codec_encoder_graph import build_codec_encoder
+            from qwen3_tts_gguf.convert.speaker_encoder_graph import build_speaker_encoder
 
             save_model(build_speaker_encoder(ckpt), tmp / SPEAKER_ENCODER_FILE)
             save_model(build_codec_encoder(ckpt), tmp / CODEC_ENCODER_FILE)
@@ -179,7 +190,7 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         bar.update()
         if verify:
             stage("self-check")
-            from .verify import verify_conversion
+            from qwen3_tts_gguf.convert.verify import verify_conversion
 
             manifest.source["self_check"] = verify_conversion(ckpt, tmp)
             (tmp / MANIFEST).write_text(manifest.to_json())

@@ -2,7 +2,7 @@
 
 One call = one frame: the 15 autoregressive steps are unrolled, each step attends to the K/V
 rows of the steps before it (a KV cache held as graph values, at most 16 rows; positions restart
-at 0 every frame), and each step samples its code inside the graph (`qwen3_tts_gguf.sampler`
+at 0 every frame), and each step samples its code inside the graph (`qwen3_tts_gguf.model.sampler`
 documents the semantics; `sampler.sample` is the numpy twin of `_sample` below).
 
 Inputs (B dynamic): hidden f[B,H] (talker post-norm hidden state that produced code0),
@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ..checkpoint import Checkpoint
-from .onnx_builder import GraphBuilder
-from .presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.onnx_builder import GraphBuilder
+from qwen3_tts_gguf.convert.presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
 
 NUM_STEPS = 15  # codebooks 1..15
 ROPE_NODE = "rope_rotation"  # MatMuls by constant rotations: exact in fp32, never quantized
@@ -198,7 +198,7 @@ class _Stack:
 
 def _sample(b: GraphBuilder, logits: str, rand_col: str, temperature: str, k_index: str, sort_k: str,
             one_minus_p: str, greedy: str) -> str:
-    """One code per row from logits [B,V]; see `qwen3_tts_gguf.sampler` for the semantics.
+    """One code per row from logits [B,V]; see `qwen3_tts_gguf.model.sampler` for the semantics.
 
     Sorts only the head of each row: first the batch's widest top-k (`sort_k`; V when a sampling
     row has top-k off) to find each row's k-th logit, then as many as the widest row keeps once

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 CP_PRECISIONS = ("fp32", "int8", "int4")
 """The code predictor's weight formats (`predictor_graph.quantize_code_predictor`)."""
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ..checkpoint import Checkpoint, CheckpointError
-from .onnx_builder import GraphBuilder
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint, CheckpointError
+from qwen3_tts_gguf.convert.onnx_builder import GraphBuilder
 
 SAMPLE_RATE = 24000
 N_FFT = 1024

@@ -19,8 +19,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ..checkpoint import Checkpoint
-from ..cpus import default_threads
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+from qwen3_tts_gguf.runtime.cpus import default_threads
 
 QUANTS = ("f32", "bf16", "f16", "q8_0", "q5_k_m", "q4_k_m", "iq4_nl")
 _DIRECT = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
@@ -107,7 +107,7 @@ def _write_direct(ckpt: Checkpoint, path: Path, quant: str, name: str,
 def _llama_quantize(src: Path, dst: Path, quant: str, threads: int) -> None:
     import llama_cpp
 
-    from ..talker import quiet_llama_logs
+    from qwen3_tts_gguf.runtime.cpus import quiet_llama_logs
 
     quiet_llama_logs()
     params = llama_cpp.llama_model_quantize_default_params()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import Checkpoint
-from ..manifest import TEXT_TABLES_FILE as FILE_NAME  # noqa: F401 (the name's old home)
-from ..safetensors_io import write_safetensors
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+from qwen3_tts_gguf.model.manifest import TEXT_TABLES_FILE as FILE_NAME  # noqa: F401 (the name's old home)
+from qwen3_tts_gguf.model.safetensors_io import write_safetensors
 
 
 def table_sources(ckpt: Checkpoint) -> dict[str, str]:

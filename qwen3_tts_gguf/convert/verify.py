@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import Checkpoint
-from .codec_reference import decode_codes
-from .numpy_reference import code_predictor_logits, decoder_stack
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.codec_reference import decode_codes
+from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, decoder_stack
 
 # relative RMS error of the talker's logits against an f32 numpy forward, per weight format
 TALKER_REL_RMS = {"f32": 1e-4, "bf16": 0.03, "f16": 0.01, "q8_0": 0.06, "q5_k_m": 0.15, "q4_k_m": 0.3, "iq4_nl": 0.35}
@@ -32,10 +32,10 @@ def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
 
 def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
     """Check the talker, code predictor and codec in `folder`; returns the measured errors."""
-    from ..codec import CodecDecoder
-    from ..manifest import CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
-    from ..predictor import CodePredictor
-    from ..talker import DecodeItem, Talker, TalkerSettings
+    from qwen3_tts_gguf.model.codec import CodecDecoder
+    from qwen3_tts_gguf.model.manifest import CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
+    from qwen3_tts_gguf.model.predictor import CodePredictor
+    from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
 
     manifest = load_manifest(folder, verify_hashes=True)
     cfg = ckpt.config
@@ -79,7 +79,7 @@ def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
 def _check_predictor(predictor, ckpt: Checkpoint, precision: str, h: np.ndarray, code0: int, key: str,
                      file: str) -> dict:
     """One greedy frame of the code predictor graph `file` against the numpy forward; the errors as `key`_..."""
-    from ..sampler import SamplingParams, pack
+    from qwen3_tts_gguf.model.sampler import SamplingParams, pack
 
     feeds = {"hidden": h, "code0": np.array([code0]), "rand": np.zeros((1, 15), np.float32),
              **pack(SamplingParams(greedy=True), 1)}

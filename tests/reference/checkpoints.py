@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen3_tts_gguf.model_shapes import checkpoint_configs, tokenizer_config
+from qwen3_tts_gguf.convert.model_shapes import checkpoint_configs, tokenizer_config
 
 from .official import import_qwen_tts
 from .qwen_vocab import write_vocab_files

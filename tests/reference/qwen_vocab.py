@@ -14,7 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from qwen3_tts_gguf.tokenizer import bytes_to_unicode
+from qwen3_tts_gguf.model.tokenizer import bytes_to_unicode
 
 DASHSCOPE_WHEEL = "dashscope==2.0.2"
 TIKTOKEN_MEMBER = "dashscope/resources/qwen.tiktoken"

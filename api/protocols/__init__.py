@@ -1,0 +1,1 @@
+"""Socket protocols: the shared base, native /v1/ws and its resume, OpenAI Realtime, ElevenLabs, Wyoming."""

@@ -1,0 +1,1 @@
+"""Thin HTTP routes: speech, listings, health, capabilities, voice profiles."""

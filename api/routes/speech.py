@@ -1,0 +1,94 @@
+"""POST /v1/audio/speech (also /audio/speech): OpenAI's create-speech, streamed in every format."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import APIRouter, Request, Response
+
+from api.config import ServerConfig
+from api.errors import error_responses
+from api.ops.clients import client_of
+from api.schemas import SpeechRequest, speech_sse_openapi
+from api.speaking.http_body import (
+    CONTENT_TYPES,
+    SSE_CONTENT_TYPE,
+    SpeechResponse,
+    SpeechStream,
+    UsageAccounting,
+    audio_body,
+    sse_body,
+)
+from api.speaking.start import open_speech, plan_request
+from api.speaking.usage import key_id, usage_log
+from api.state import get_state
+
+log = logging.getLogger("api.routes.speech")
+
+router = APIRouter(tags=["audio"])
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the response"
+
+
+@router.post("/v1/audio/speech", response_class=Response, responses={
+    200: {"description": "the audio file, chunked (`response_format`); or SSE events (`stream_format: sse`)",
+          "content": {**{t: {"schema": {"type": "string", "format": "binary"}} for t in CONTENT_TYPES.values()},
+                      SSE_CONTENT_TYPE: speech_sse_openapi()},
+          "headers": {name: {"description": description, "required": required, "schema": {"type": "string"}}
+                      for name, description, required in (
+                          ("x-qwen3tts-model", "the served model (aliases resolved)", True),
+                          ("x-qwen3tts-voice", "the speaker, the profile, or `instructions`", True),
+                          ("x-qwen3tts-instructions-ignored", "`true` when the model ignored the instructions",
+                           False),
+                          ("x-qwen3tts-voice-ignored", "`true` when `voice` was ignored", False),
+                          ("x-qwen3tts-ignored-fields", "unknown request fields that were ignored", False))}},
+    **error_responses(400, 401, 403, 404, 408, 413, 429, 500, 503)})
+@router.post("/audio/speech", response_class=Response, include_in_schema=False)
+async def create_speech(body: SpeechRequest, request: Request) -> Response:
+    """Speak `input` with `voice`, streaming the `response_format` file (or SSE events) as it is made.
+
+    Headers are sent with the first audio, so errors before it have real status codes; later
+    errors abort the connection (audio) or arrive as an `error` event (SSE).
+    """
+    return await respond(request, body, body.response_format, CONTENT_TYPES[body.response_format])
+
+
+async def respond(request: Request, body: SpeechRequest, audio_format: str, content_type: str,
+                  pcm_rate: int | None = None,
+                  shape: Callable[[SpeechStream], AsyncIterator[bytes]] = audio_body) -> Response:
+    """The speech route's response for `body`, its audio encoded as `audio_format` (a speech-route format,
+    or G.711; `pcm_rate`: pcm at that rate) and sent as `content_type`, in the body `shape` makes of the
+    stream (the audio itself by default): what every HTTP route that speaks (`elevenlabs.py` too) answers
+    with."""
+    state = get_state(request)
+    received_at = getattr(request.state, "received_at", None) or time.monotonic()
+    plan = plan_request(state, body)
+    if plan.voice.instructions_ignored:
+        log.info("instructions ignored: model %s cannot take them", plan.served.id)
+    opened = await open_speech(state, plan, audio_format, body.speed, client=client_of(request), pcm_rate=pcm_rate)
+    speech = SpeechStream(plan.served.id, opened.stream, opened.encoder,
+                          plan.served.model.sample_rate, state.metrics, received_at, characters=len(body.input),
+                          accounting=_accounting(request, state.config, body, plan.voice.label),
+                          progress=body.progress and body.stream_format == "sse", speed=body.speed)
+    try:  # until the response owns the stream, any failure here must release it
+        if not await speech.wait_for_audio(request.receive):
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        timeout = state.config.limits.send_timeout_s
+        if body.stream_format == "sse":
+            return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers(), timeout)
+        return SpeechResponse(speech, shape(speech), content_type, plan.headers(), timeout)
+    except BaseException:
+        speech.close()
+        raise
+
+
+def _accounting(request: Request, config: ServerConfig, body: SpeechRequest, voice: str) -> UsageAccounting | None:
+    """The usage-log line's names for this request (None without `--usage-log`)."""
+    writer = usage_log(config.usage_log)
+    if writer is None:
+        return None
+    route = getattr(request.scope.get("route"), "path", None) or request.url.path
+    return UsageAccounting(writer, getattr(request.state, "request_id", None), route, body.stream_format,
+                           body.response_format, voice, key_id(config.api_key))

@@ -1,0 +1,1 @@
+"""One path into the engine for every protocol: the plan, the HTTP body, the socket utterance, progress, alignment, usage, warm-up."""

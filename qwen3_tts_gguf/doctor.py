@@ -1,0 +1,138 @@
+"""`python -m qwen3_tts_gguf doctor`: what this installation can use, and where each stage would run.
+
+Also the device settings checked at start (serve, synth): `check_device_settings`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from qwen3_tts_gguf.runtime.devices import (
+    GPU_LAYERS_ALL,
+    DeviceError,
+    LlamaRuntime,
+    check_gpu_layers,
+    llama_runtime,
+    vulkan_physical_devices,
+)
+
+
+def check_device_settings(gpu_layers: int, device: str, codec_runtime: str = "onnxruntime",
+                          deterministic: bool = False) -> str:
+    """The device settings checked at start (serve, synth): DeviceError (a ValueError) naming what is
+    missing; otherwise one line saying where the work will run."""
+    from qwen3_tts_gguf.model.onnx_session import OnnxDeviceError, resolve_device
+    from qwen3_tts_gguf.model.openvino_session import CodecRuntimeError, check_codec_runtime
+
+    check_gpu_layers(gpu_layers)
+    try:
+        onnx = resolve_device(device)
+        codec = check_codec_runtime(codec_runtime, device, deterministic)
+    except (OnnxDeviceError, CodecRuntimeError) as e:
+        raise DeviceError(str(e)) from e
+    return describe_plan(gpu_layers, onnx.provider + (f" ({onnx.reason})" if onnx.reason else ""), codec=codec)
+
+
+def describe_plan(gpu_layers: int, onnx_provider: str, runtime: LlamaRuntime | None = None, codec: str = "") -> str:
+    """Where each stage runs, in one line; `codec`: the codec's own words when it does not run on ONNX Runtime."""
+    if not gpu_layers:
+        talker = "talker on the CPU"
+    else:
+        rt = runtime or llama_runtime()
+        names = ", ".join(f"{d.name} ({d.description})" for d in rt.gpu_devices) or "no GPU device"
+        layers = "all layers" if gpu_layers == GPU_LAYERS_ALL else f"{gpu_layers} layers"
+        talker = f"talker: {layers} on {names}"
+    if codec:
+        return f"{talker}; code predictor on {onnx_provider}; {codec}"
+    return f"{talker}; code predictor and codec on {onnx_provider}"
+
+
+@dataclass
+class Report:
+    """What `doctor` prints (also as JSON)."""
+
+    llama: dict
+    onnx: dict
+    vulkan_devices: list[dict[str, str]]
+    plan: dict
+    problems: list[str] = field(default_factory=list)
+    codec_runtimes: dict[str, str | None] = field(default_factory=dict)  # --codec-runtime -> version, None: not installed
+
+
+def report(gpu_layers: int = 0, device: str = "cpu") -> Report:
+    """Everything `doctor` says, for the device settings given (serve's defaults when none)."""
+    import onnxruntime as ort
+
+    from qwen3_tts_gguf.model.onnx_session import OnnxDeviceError, available_devices, resolve_device
+    from qwen3_tts_gguf.model.openvino_session import openvino_version
+
+    rt = llama_runtime()
+    problems: list[str] = []
+    try:
+        check_gpu_layers(gpu_layers, rt)
+    except DeviceError as e:
+        problems.append(str(e))
+    try:
+        onnx = resolve_device(device)
+        onnx_line = onnx.provider + (f" ({onnx.reason})" if onnx.reason else "")
+    except OnnxDeviceError as e:
+        problems.append(str(e))
+        onnx_line = "unavailable"
+    auto = resolve_device("auto")
+    ep_devices = []
+    if hasattr(ort, "get_ep_devices"):
+        try:
+            ep_devices = [f"{d.ep_name}: {getattr(d.device, 'type', '?')} {getattr(d.device, 'vendor', '')}".strip()
+                          for d in ort.get_ep_devices()]
+        except Exception:  # noqa: BLE001 - an older runtime's device API
+            ep_devices = []
+    llama = asdict(rt)
+    llama["gpu_devices"] = [d.name for d in rt.gpu_devices]
+    llama["gpu_backends"] = list(rt.gpu_backends)
+    return Report(
+        llama=llama,
+        onnx={"version": ort.__version__, "providers": ort.get_available_providers(),
+              "devices": available_devices(), "ep_devices": ep_devices,
+              "auto": auto.provider + (f" ({auto.reason})" if auto.reason else "")},
+        vulkan_devices=vulkan_physical_devices(),
+        plan={"gpu_layers": gpu_layers, "device": device,
+              "summary": describe_plan(gpu_layers, onnx_line, rt) if not problems else "refused at start",
+              "env": {k: os.environ[k] for k in ("GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
+                                                  "LLAMA_CPP_LIB_PATH") if k in os.environ}},
+        problems=problems,
+        codec_runtimes={"onnxruntime": ort.__version__, "openvino": openvino_version()})
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n else "?"
+
+
+def format_report(r: Report) -> str:
+    L, O = r.llama, r.onnx
+    lines = [f"llama.cpp (llama-cpp-python {L['version']}, {L['library_dir']})",
+             f"  backends: {', '.join(L['backends']) or '?'}; GPU backend: {', '.join(L['gpu_backends']) or 'none'}; "
+             f"GPU offload: {'yes' if L['gpu_offload'] else 'no'}"]
+    for d in L["devices"]:
+        lines.append(f"  device {d['name']}: {d['kind']}, {d['description']}, {_size(d['memory_free'])} free "
+                     f"of {_size(d['memory_total'])}")
+    lines.append(f"  system info: {L['system_info']}")
+    if r.vulkan_devices:
+        lines.append("Vulkan loader (vulkaninfo): " + "; ".join(f"{d['index']}: {d['name']} ({d['type']})"
+                                                             for d in r.vulkan_devices))
+        if any(d["type"] == "cpu" for d in r.vulkan_devices) and "GGML_VK_VISIBLE_DEVICES" not in os.environ:
+            lines.append("  CPU-type Vulkan devices (lavapipe) are skipped by llama.cpp unless GGML_VK_VISIBLE_DEVICES "
+                         "names their index")
+    lines.append(f"ONNX Runtime {O['version']}: providers {', '.join(O['providers'])}")
+    lines.append("  --device: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in O["devices"].items())
+                 + f"; auto -> {O['auto']}")
+    if O["ep_devices"]:
+        lines.append("  device API: " + "; ".join(O["ep_devices"]))
+    if r.codec_runtimes:
+        lines.append("--codec-runtime: " + ", ".join(
+            f"{name} {version}" if version else f"{name} not installed (pip install {name})"
+            for name, version in r.codec_runtimes.items()))
+    lines.append(f"serve with --gpu-layers {r.plan['gpu_layers'] if r.plan['gpu_layers'] != GPU_LAYERS_ALL else 'all'} "
+                 f"--device {r.plan['device']}: {r.plan['summary']}")
+    lines += [f"problem: {p}" for p in r.problems]
+    return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""Audio out and finishing: frames to the codec (here, or in the stream's codec lane when the codec
+overlaps), chunks to the stream, its result after its last chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from qwen3_tts_gguf.engine.active import ActiveStream
+from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult
+from qwen3_tts_gguf.model.codec import CodecState
+
+
+class AudioOut:
+    """Part of `Engine` (`scheduler.py`): these methods run on its worker thread, on its state."""
+
+    def _primed_state(self, codes: np.ndarray) -> CodecState:
+        """Decoder state after an in-context clone's reference codes (audio discarded; cached)."""
+        codes = np.ascontiguousarray(codes, np.int64)
+        key = hashlib.sha1(codes.tobytes()).hexdigest()
+        with self._primed_lock:
+            state = self._primed.pop(key, None)
+        if state is None:
+            _, state = self.model.codec.decode(codes)
+        with self._primed_lock:
+            self._primed[key] = state  # most recently used last
+            while len(self._primed) > 8:
+                self._primed.pop(next(iter(self._primed)))
+        return state
+
+    def _emit(self, act: ActiveStream) -> None:
+        """The stream's pending frames to the codec: here, or queued in its codec lane (unless a call
+        of this stream is still there: then they wait and join the next one). A stream's first chunk
+        is decoded here, with the cores to itself: overlapped, it came 0.03-0.13 s later."""
+        if not self._codec_lanes or act.chunks.start is None:  # the first chunk: at once, for first audio
+            frames, act.pending = act.pending, []
+            try:
+                self._emit_audio(act, frames)
+            except Exception as e:
+                self._fail(act, self._fault("codec", e, act))
+            return
+        if act.codec_busy:
+            return
+        frames, act.pending = act.pending, []
+        act.codec_busy = True
+        self._lane(act).submit(self._codec_job, act, frames)
+
+    def _lane(self, act: ActiveStream) -> ThreadPoolExecutor:
+        """The stream's codec lane: given at its first call, the lane with the fewest running streams;
+        all its calls and its result go through that one, so they stay in order."""
+        if act.codec_lane is None:
+            load = [0] * len(self._codec_lanes)
+            for other in self._active.values():
+                if other.codec_lane is not None:
+                    load[other.codec_lane] += 1
+            act.codec_lane = load.index(min(load))
+        return self._codec_lanes[act.codec_lane]
+
+    def _codec_job(self, act: ActiveStream, frames: list) -> None:
+        """In the stream's codec lane: one call; a failure is left for the engine, which ends the stream."""
+        try:
+            if act.codec_fault is None and not act.stream.cancelled:
+                self._emit_audio(act, frames)
+        except Exception as e:
+            act.codec_fault = e
+        finally:
+            act.codec_busy = False
+            self._notify()
+
+    def _emit_audio(self, act: ActiveStream, frames: list) -> None:
+        frames = np.stack(frames)
+        t0, started = time.perf_counter(), self.clock()
+        reference = act.stream.request.voice.reference
+        if act.codec_state is None and reference is not None:
+            # the reference frames are the decoder's left context: the first frame already has it
+            act.codec_state = self._primed_state(reference.codes)
+        wav, act.codec_state = self.model.codec.decode(frames, act.codec_state)
+        if not np.isfinite(wav).all():
+            raise FloatingPointError("the codec made non-finite samples")
+        act.timings["codec_s"] += time.perf_counter() - t0
+        now = self.clock()
+        act.chunks.emitted(len(frames), now - started, now)
+        if act.stream.first_audio_at is None:
+            act.stream.first_audio_at = time.monotonic()
+        act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=len(frames),
+                                   progress=act.text.progress))
+        act.decoded_frames += len(frames)
+
+    def _finish(self, act: ActiveStream, reason: str, error: str | None = None, flush: bool = True,
+                retryable: bool = False) -> None:
+        """End a stream: its cells and slot freed here; its last audio (when `flush`) and result after
+        every chunk before them (in its codec lane when the codec overlaps)."""
+        self.model.talker.drop(act.seq)
+        if self._active.get(act.seq) is act:
+            self._active.pop(act.seq)
+            self._free_seqs.append(act.seq)
+            self._free_seqs.sort()
+            self._room_changed = True
+        act.text.cancel()
+        self.stats["streams_done"] += 1
+        if reason == "cancelled":
+            self.stats["cancelled"] += 1
+        frames, act.pending = (act.pending if flush else []), []
+        if self._codec_lanes:
+            self._lane(act).submit(self._conclude, act, reason, error, frames, retryable)
+        else:
+            self._conclude(act, reason, error, frames, retryable)
+
+    def _conclude(self, act: ActiveStream, reason: str, error: str | None, frames: list, retryable: bool) -> None:
+        # an overlapped call that failed after the last step ends the stream as an error, its last frames unsaid
+        fault = act.codec_fault if reason != "error" else None
+        if fault is None and frames:
+            try:
+                self._emit_audio(act, frames)
+            except Exception as e:
+                fault = e
+        if fault is not None:
+            self._fault("codec", fault, act)
+            reason, error = "error", "the codec failed for this stream"
+            self._count_error()
+        stream = act.stream
+        timings = dict(act.timings)
+        if stream.first_audio_at is not None:
+            timings["first_audio_s"] = stream.first_audio_at - stream.submitted_at
+        timings["total_s"] = time.monotonic() - stream.submitted_at
+        codes = np.stack(act.codes) if act.codes else np.zeros((0, 16), np.int64)
+        text = act.text
+        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=text.text_tokens,
+                                    finish_reason=reason, codes=codes, error=error, timings=timings,
+                                    retryable=retryable, progress=text.final_progress(reason),
+                                    text_chars=text.raw_chars, normalized_chars=text.normalized_chars))

@@ -1,0 +1,64 @@
+"""Fault containment: a failure ends its own stream; a worker that dies ends them all, and the
+state is reset.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from qwen3_tts_gguf.engine.active import ActiveStream, StreamFault
+from qwen3_tts_gguf.engine.request import SynthesisResult
+from qwen3_tts_gguf.engine.stream import Stream
+
+log = logging.getLogger("qwen3_tts_gguf.engine")
+
+
+class Faults:
+    """Part of `Engine` (`scheduler.py`): these methods run on its worker thread, on its state."""
+
+    def _fault(self, stage: str, error: BaseException, act: ActiveStream | None = None) -> StreamFault:
+        log.error("stream %s of %s: the %s failed", act.stream.id if act else "?", self.model.name, stage,
+                  exc_info=(type(error), error, error.__traceback__))
+        return StreamFault(stage)
+
+    def _count_error(self) -> None:
+        with self._stats_lock:
+            self.stats["errors"] += 1
+
+    def _fail(self, act: ActiveStream, fault: StreamFault) -> None:
+        self._count_error()
+        self._finish(act, "error", error=f"the {fault.stage} failed for this stream", flush=False)
+
+    def _died(self, reason: str) -> None:
+        with self._wake:
+            self._failure = reason
+            self._end_all("error", "the engine failed; retry", retryable=True)
+
+    def _end_all(self, reason: str, error: str | None = None, retryable: bool = False) -> None:
+        """End every running and waiting stream (the worker is stopping or died)."""
+        for act in list(self._active.values()):
+            self._finish(act, reason, error=error, flush=False, retryable=retryable)
+        for stream in [*self._waiting, *self._waiting_text]:
+            self._end_unstarted(stream, reason, error, retryable=retryable)
+        self._waiting.clear()
+        self._waiting_text.clear()
+        self._warm_tried.clear()
+
+    def _end_unstarted(self, stream: Stream, reason: str, error: str | None = None,
+                       retryable: bool = False) -> None:
+        stream.text.cancel()
+        text = stream.text
+        stream._put(SynthesisResult(0, text.text_tokens, reason, error=error, retryable=retryable,
+                                    progress=text.final_progress(reason, started=False),
+                                    text_chars=text.raw_chars, normalized_chars=text.normalized_chars))
+
+    def _reset_state(self) -> None:
+        """After a failure: every KV cell, slot, cached prefix and decoder state forgotten."""
+        self.model.talker.clear()
+        self._active.clear()
+        self._free_seqs = list(range(self.settings.max_streams))
+        self._prefixes.clear()
+        with self._primed_lock:
+            self._primed.clear()
+        self._bypassed = 0
+        self._room_changed = True

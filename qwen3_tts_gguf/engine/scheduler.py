@@ -1,0 +1,333 @@
+"""The engine worker: one thread owns llama.cpp and ONNX Runtime and steps every stream together.
+
+Each iteration (continuous batching; one stream is the special case):
+  1. drop cancelled streams; admit waiting requests into free slots (their prompt rows join step 5);
+  2. sample codebook 0 of every stream that can step; EOS or a limit ends a stream (or its segment);
+  3. one batched code-predictor call for all of them -> codebooks 1..15 + the next input rows;
+  4. each stream's codec state decodes its pending frames once a chunk is due (`chunking.py`: the
+     1, 2, 4, 8, 8, ... ramp, or sooner when a player would run dry), before the talker step, so a
+     chunk's latency does not include it. In the fast profile on two or more threads the codec runs
+     on threads of its own (`LoadedModel.codec_overlap`) while the talker and code predictor make
+     the next frames: one call in flight per stream, in order, each stream on one lane (a thread)
+     and several streams' calls side by side in the lanes (`cpus.stage_threads`); frames due
+     meanwhile join the next call; a stream's result follows its last chunk through its lane;
+  5. one multi-sequence talker decode: new prompts and every stream's next row.
+A stream steps only when it can: a live-text stream whose next text row has not arrived, or one
+whose reader is more than `max_buffered_audio_s` behind, keeps its state and waits.
+
+Faults stay in their stream: whatever fails while building, sampling, predicting or decoding one
+stream ends that stream alone (finish_reason "error"); a failed batched call (code predictor,
+talker decode) is retried stream by stream, with each stream's random state and KV cells rewound,
+so the others produce exactly what they would have. An exception that escapes an iteration (a bug)
+fails the streams it touched and resets the engine's state; if the worker thread dies, `health()`
+says so, waiting requests are failed, and `restart()` starts a new worker (`api/registry.py`
+supervises). KV cells are reserved per stream for its worst case before it starts; a prompt that
+cannot fit one stream's context is refused at submit (`ContextLengthExceeded`).
+Voice prefixes (role, speaker, language rows) stay in the KV cache for later streams of the same
+voice (fast profile); a live stream still waiting for its first words has its voice prefix prefilled
+meanwhile, so its words only prefill themselves.
+The engine knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from qwen3_tts_gguf.engine.active import ActiveStream
+from qwen3_tts_gguf.engine.health import EngineBusy, EngineHealth, EngineStopped
+from qwen3_tts_gguf.engine.request import SynthesisRequest
+from qwen3_tts_gguf.engine.stream import Stream
+from qwen3_tts_gguf.engine.text_sources import FedText, FixedText
+from qwen3_tts_gguf.model.codec import CodecState
+from qwen3_tts_gguf.model.loaded import LoadedModel
+from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, Prompt
+from qwen3_tts_gguf.model.talker import Talker
+from qwen3_tts_gguf.runtime import heap
+from qwen3_tts_gguf.text.normalization import NormalizedText, normalize_text
+
+log = logging.getLogger("qwen3_tts_gguf.engine")
+from qwen3_tts_gguf.engine.admission import Admission
+from qwen3_tts_gguf.engine.audio_out import AudioOut
+from qwen3_tts_gguf.engine.faults import Faults
+from qwen3_tts_gguf.engine.iteration import Iteration
+from qwen3_tts_gguf.engine.prefix_cache import PrefixCache
+
+IDLE_TRIM_S = 2.0
+"""Seconds without streams after which the engine gives the heap they freed back (`heap.release_freed_heap`)."""
+
+
+class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
+    """Owns a LoadedModel on a worker thread; `submit` requests, iterate their streams.
+
+    The worker's parts are read apart: `admission.py` (checks, queue, KV reservations),
+    `prefix_cache.py`, `iteration.py` (one step of every stream), `audio_out.py` (codec and
+    finishing), `faults.py` (containment); this module holds the lifecycle, the public calls and
+    the worker loop."""
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def __init__(self, model: LoadedModel):
+        self.model = model
+        self.settings = model.settings
+        self._waiting: deque[Stream] = deque()
+        self._waiting_text: list[Stream] = []  # live streams without a final token (apart from the queue)
+        self._active: dict[int, ActiveStream] = {}
+        self._free_seqs = list(range(self.settings.max_streams))
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._failure: str | None = None
+        self._dead: str | None = None
+        self._restarts = 0
+        self._bypassed = 0  # admissions that passed the stream at the head of the queue
+        self._room_changed = True  # something may fit now (a stream came or went): try admitting
+        self.heartbeat = time.monotonic()
+        """Updated by the worker at least every 0.25 s while it is not inside one model call."""
+        self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0, "errors": 0,
+                      "prefix_hits": 0, "prefixes_warmed": 0, "paused": 0}
+        self._primed: dict[str, CodecState] = {}
+        # voice prefixes kept in the KV cache: key -> (sequence, rows), least recently used first
+        self._prefixes: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        first = self.settings.max_streams
+        self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
+        self._forget_prefixes = False
+        self._warm_tried: set[int] = set()  # ids of live streams waiting for text whose prefix was tried
+        self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
+        self._codec_lanes: list[ThreadPoolExecutor] = []  # the overlapped codec: one thread each, jobs in order
+        self._stats_lock = threading.Lock()  # the codec lanes count errors too
+        self._primed_lock = threading.Lock()
+        self._heap_used = False  # streams ran since the heap was last given back (_give_back_heap_when_idle)
+        self._lanes_drained: list[Future] | None = None  # the codec lanes' jobs queued before going idle
+        self._idle_since: float | None = None  # when those were done
+        self.clock = time.monotonic
+        """The chunk plans' clock (a test may drive it)."""
+        self._frame_s = model.codec.samples_per_frame / model.codec.sample_rate
+
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._stopping = False
+            self._failure = None
+            self._prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-prompts")
+            if self.model.codec_overlap and not self._codec_lanes:
+                self._codec_lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"qwen3-tts-codec-{i}")
+                                     for i in range(self.model.stage_threads.codec_lanes)]
+            self._thread = threading.Thread(target=self._worker, name="qwen3-tts-engine", daemon=True)
+            self.heartbeat = time.monotonic()
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=None if self._dead is None else 5)  # a stuck worker is left behind
+            self._thread = None
+        if self._prompt_pool is not None:
+            self._prompt_pool.shutdown(wait=False, cancel_futures=True)
+            self._prompt_pool = None
+        for lane in self._codec_lanes:  # the streams' last chunks and results are in them: deliver them
+            lane.shutdown(wait=self._dead is None)  # (unless a call there is stuck)
+        self._codec_lanes = []
+
+    def restart(self) -> None:
+        """Start a new worker after the old one died (its streams were failed when it died)."""
+        with self._wake:
+            if self._dead is not None:
+                raise EngineStopped(self._dead, retry_after_s=None)
+            old, self._thread = self._thread, None
+        if old is not None:
+            old.join(timeout=5)
+            if old.is_alive():
+                self.give_up("the engine worker is stuck and cannot be restarted")
+                raise EngineStopped(self._dead, retry_after_s=None)
+        if self._prompt_pool is not None:
+            self._prompt_pool.shutdown(wait=False, cancel_futures=True)
+            self._prompt_pool = None
+        self._reset_state()
+        self._restarts += 1
+        log.warning("restarting the engine of %s (restart %d)", self.model.name, self._restarts)
+        self.start()
+
+    def give_up(self, reason: str) -> None:
+        """Mark the engine as beyond repair: requests get 503 without Retry-After; health says dead."""
+        with self._wake:
+            self._dead = reason
+            self._stopping = True
+            self._wake.notify_all()
+        log.error("engine of %s gave up: %s", self.model.name, reason)
+
+    def health(self) -> EngineHealth:
+        """running, stopped, failed (the worker died; restartable) or dead."""
+        if self._dead is not None:
+            return EngineHealth("dead", self._dead, self._restarts)
+        if self._failure is not None or (self._thread is not None and not self._thread.is_alive()):
+            return EngineHealth("failed", self._failure or "the engine worker stopped", self._restarts)
+        if self._thread is None or self._stopping:
+            return EngineHealth("stopped", "the engine is not running", self._restarts)
+        return EngineHealth("running", None, self._restarts)
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- requests --------------------------------------------------------------------------------
+    def submit(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
+        """Validate and queue a request. Raises PromptError for bad input (ContextLengthExceeded
+        when it cannot fit one stream's context), EngineBusy when full, EngineStopped."""
+        self._check_request(request)
+        text_mode = request.text_mode or self.model.manifest.default_text_mode
+        builder = self.model.prompts
+        fixed = builder.fixed_rows(request.voice)  # also validates the voice
+        spoken = (normalize_text(request.text, request.voice.language) if request.text_normalization == "auto"
+                  else NormalizedText.plain(request.text))
+        segments, tokens = self._fit_segments(spoken.text, fixed)
+
+        def build(text: str) -> Prompt:
+            return builder.build(text, request.voice, text_mode)
+
+        text = FixedText(segments, tokens, [fixed + 1 + n for n in tokens], build,
+                         lambda t: self._prompt_pool.submit(build, t), spoken, text_mode == "streaming")
+        return self._enqueue(self._new_stream(request, text, loop))
+
+    def open_text_stream(self, request: SynthesisRequest, loop: asyncio.AbstractEventLoop | None = None) -> Stream:
+        """A streaming-text-mode stream whose text arrives later through `push_text`/`close_text`.
+
+        `request.text` is ignored. Synthesis starts as soon as the first token is final.
+        """
+        self._check_request(request)
+        text = FedText(self.model.prompts, request.voice, on_change=self._notify,
+                       normalize=request.text_normalization == "auto")
+        if text.prefill_len() + self._min_frames(1) > self.model.talker.cells_per_stream:
+            raise ContextLengthExceeded(self._too_long(text.prefill_len()), param="instructions")
+        return self._enqueue(self._new_stream(request, text, loop))
+
+    def _new_stream(self, request: SynthesisRequest, text, loop) -> Stream:
+        backlog = int(self.settings.max_buffered_audio_s * self.model.sample_rate)
+        return Stream(request, text, loop, wake=self._notify, max_backlog_samples=backlog)
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
+    @property
+    def prefix_slots(self) -> int:
+        """Voice prefixes the engine keeps prefilled (0 in the deterministic profile)."""
+        return len(self._prefix_seqs)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached voice prefix (the engine thread frees their KV cells before it
+        admits the next request), e.g. to measure a voice's first request."""
+        with self._wake:
+            self._forget_prefixes = True
+            self._wake.notify_all()
+
+    @property
+    def running(self) -> bool:
+        return self.health().ok
+
+    def load(self) -> dict:
+        """Active streams, waiting requests, live streams waiting for text, paused streams and free
+        slots (for health and metrics)."""
+        with self._wake:
+            return {"active": len(self._active), "waiting": len(self._waiting),
+                    "waiting_text": len(self._waiting_text), "free_slots": len(self._free_seqs),
+                    "paused": sum(a.stream.paused for a in self._active.values())}
+
+    # -- worker ----------------------------------------------------------------------------------
+    def _runnable(self) -> bool:
+        if any(s.cancelled for s in self._waiting_text):
+            return True
+        if self._prefix_seqs and any(id(s) not in self._warm_tried for s in self._waiting_text):
+            return True
+        if any(a.codec_fault is not None or (a.pending and not a.codec_busy and a.chunks.due(len(a.pending), self.clock()))
+               for a in self._active.values()):
+            return True
+        if self._waiting and self._free_seqs and self._room_changed:  # (never spin on one that cannot fit)
+            return True
+        return any(a.stream.cancelled or a.logits is None or self._can_step(a) for a in self._active.values())
+
+    def _give_back_heap_when_idle(self) -> None:
+        """Once no stream is left and the codec lanes' last calls have been done for IDLE_TRIM_S, the heap
+        that the streams' calls freed goes back to the system (glibc keeps it otherwise: about 100 MiB
+        after eight 0.6B streams), on the prompt thread (it takes ~10 ms). Not at once: a request that
+        follows at once would fault those pages in again before its first audio."""
+        if not self._heap_used or self._active or self._waiting or self._waiting_text or not self._prompt_pool:
+            self._lanes_drained = self._idle_since = None
+            return
+        if self._lanes_drained is None:
+            self._lanes_drained = [lane.submit(lambda: None) for lane in self._codec_lanes]
+        if not all(done.done() for done in self._lanes_drained):
+            return
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        if now - self._idle_since >= IDLE_TRIM_S:
+            self._heap_used, self._lanes_drained, self._idle_since = False, None, None
+            self._prompt_pool.submit(heap.release_freed_heap)
+
+    def _sweep_waiting(self) -> None:
+        """End cancelled waiting streams; move live streams whose first token came into the queue."""
+        for stream in [s for s in self._waiting if s.cancelled]:
+            self._waiting.remove(stream)
+            self._end_unstarted(stream, "cancelled")
+            self._room_changed = True  # it may have been the one the others waited behind
+        for stream in list(self._waiting_text):
+            if stream.cancelled:
+                self._waiting_text.remove(stream)
+                self._warm_tried.discard(id(stream))
+                self._end_unstarted(stream, "cancelled")
+            elif stream.text.ready():
+                self._waiting_text.remove(stream)
+                self._warm_tried.discard(id(stream))
+                self._waiting.append(stream)
+                self._room_changed = True
+
+    def _worker(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # the loop itself broke: fail everything, let the supervisor restart
+            log.exception("the engine worker of %s died", self.model.name)
+            self._died(f"the engine worker stopped unexpectedly ({type(e).__name__})")
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._sweep_waiting()
+                while not self._stopping and not self._runnable():
+                    self._give_back_heap_when_idle()
+                    self.heartbeat = time.monotonic()
+                    self._wake.wait(timeout=0.25)
+                    self._sweep_waiting()
+                self.heartbeat = time.monotonic()
+                if self._stopping:
+                    break
+                if self._forget_prefixes:
+                    for seq, _ in self._prefixes.values():
+                        self.model.talker.drop(seq)
+                    self._prefixes.clear()
+                    self._forget_prefixes = False
+                    self._room_changed = True
+                admitted = self._admit()
+                unwarmed = self._unwarmed_prefixes()
+            try:
+                self._warm_prefixes(unwarmed)
+                self._iterate(admitted)
+                self._heap_used = True
+            except Exception:  # a bug outside any one stream's work: its state is unknown, start clean
+                log.exception("engine iteration of %s failed; ending its streams", self.model.name)
+                with self._wake:
+                    for act in list(self._active.values()):
+                        self._finish(act, "error", error="the engine failed while serving this stream; retry",
+                                     flush=False, retryable=True)
+                    self._reset_state()
+        self._end_all("cancelled")
+
+
+__all__ = ["Engine", "EngineBusy", "EngineHealth", "EngineStopped", "Stream"]

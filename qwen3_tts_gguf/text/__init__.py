@@ -1,0 +1,1 @@
+"""Text before it is spoken: segments, live text feeds, normalization."""

@@ -1,0 +1,1 @@
+"""Voices: the profile store, cloning from reference audio, design-then-clone."""

@@ -1,0 +1,140 @@
+"""The house rules, held by the tree itself: no import circle, the engine reaches the server only at
+the `serve` hand-off, rooms and modules of a readable size, and the HTTP contract unchanged.
+
+Imports are read from the source (an AST walk over every `import` anywhere in a file, functions
+included), never by running it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from api import ModelRegistry, ServerConfig, create_app
+from qwen3_tts_gguf.model.loaded import EngineSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("qwen3_tts_gguf", "api", "bench")
+MAX_MODULES_PER_FOLDER = 16
+MAX_MODULE_LINES = 800
+SERVE_HAND_OFF = ("qwen3_tts_gguf/cli.py", "_add_serve_command")
+"""The one function of the engine that imports `api`: `serve`'s flags and run belong to the server."""
+OPENAPI = ROOT / "tests" / "data" / "openapi.json"
+"""The OpenAPI document as served; rewrite it on purpose with QTTS_WRITE_OPENAPI=1 when the API changes."""
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def _imports(path: Path, modules: dict[str, Path]):
+    """(imported module, the function it is imported in or None) for every import of a project module."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    for function, node in _walk(tree, None):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target, function
+
+
+def _walk(node: ast.AST, function: str | None):
+    for child in ast.iter_child_nodes(node):
+        yield function, child
+        yield from _walk(child, child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function)
+
+
+def test_no_import_circle_anywhere():
+    modules = _modules()
+    graph = {name: {target for target, _ in _imports(path, modules)} for name, path in modules.items()}
+    # a package's __init__ importing its own modules is not a circle of ideas
+    graph = {name: {t for t in targets if not name.startswith(t + ".") and not t.startswith(name + ".")
+                    or not (modules[name].name == "__init__.py" or modules[t].name == "__init__.py")}
+             for name, targets in graph.items()}
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_the_engine_imports_the_server_only_at_the_serve_hand_off():
+    modules = _modules()
+    found = []
+    for name, path in modules.items():
+        if not name.startswith("qwen3_tts_gguf"):
+            continue
+        for target, function in _imports(path, modules):
+            if target == "api" or target.startswith("api."):
+                found.append((str(path.relative_to(ROOT)), function, target))
+    assert found and all((where, function) == SERVE_HAND_OFF for where, function, _ in found), found
+
+
+def test_every_room_is_small_enough_and_says_what_it_holds():
+    for package in PACKAGES:
+        for folder in [ROOT / package, *[p.parent for p in (ROOT / package).rglob("*/__init__.py")]]:
+            own = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+            assert len(own) <= MAX_MODULES_PER_FOLDER, f"{folder.relative_to(ROOT)}: {len(own)} modules"
+            init = folder / "__init__.py"
+            assert init.exists() and ast.get_docstring(ast.parse(init.read_text())), f"{init} has no docstring"
+    for path in _modules().values():
+        lines = len(path.read_text().splitlines())
+        assert lines <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)}: {lines} lines"
+
+
+@pytest.fixture(scope="module")
+def registry(tiny_cv_f32):
+    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, max_streams=2, max_pending=4))
+    yield registry
+    registry.close()
+
+
+def test_the_openapi_document_is_the_one_recorded(registry):
+    served = json.dumps(create_app(ServerConfig(webui_dir=None), registry).openapi(), indent=1,
+                        ensure_ascii=False) + "\n"
+    if os.environ.get("QTTS_WRITE_OPENAPI") == "1":
+        OPENAPI.write_text(served)
+    assert served == OPENAPI.read_text()
