@@ -108,11 +108,11 @@ def _session(kind: str, params: dict) -> int:
         if nice is not None:
             _own_session_at(nice)
         if kind == "ours":
-            from bench.ours import OursSession
+            from bench.pipelines.ours import OursSession
 
             session = OursSession(progress=progress, **params)
         elif kind == "official":
-            from bench.official import OfficialSession
+            from bench.pipelines.official import OfficialSession
 
             session = OfficialSession(progress=progress, **params)
         else:

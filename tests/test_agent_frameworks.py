@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ws_helpers import KEY, run_async, run_pipecat, serve, short_stream_registries, wait_idle
+from tests.server_fixtures import server_fixture, short_stream_registries
+from tests.ws_helpers import KEY, run_async, run_pipecat, wait_idle
 
 pytest.importorskip("livekit.plugins.elevenlabs")
 pytest.importorskip("livekit.plugins.openai")
 
 registry, own_registry = short_stream_registries(max_streams=2, max_pending=4)
+server = server_fixture()
 TEXT = "Hello there. This is a voice agent speaking."
-
-
-@pytest.fixture(scope="module")
-def server(registry):
-    with serve(registry) as running:
-        yield running
 
 
 def check(frames) -> None:

@@ -32,6 +32,7 @@ from qwen3_tts_gguf.model.sampler import SamplingParams
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.testing import ServerThread
+from tests.server_fixtures import server_fixtures
 
 KEY = "test-key"
 ORIGIN = "http://console.example"
@@ -42,21 +43,8 @@ SAMPLES_PER_FRAME = 1920
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-@pytest.fixture(scope="module")
-def registry(converted_factory):
-    folders = [converted_factory("tiny_cv", "f32"), converted_factory("tiny0b6_cv_bf16", "f32"),
-               converted_factory("tiny_vd", "f32")]
-    registry = ModelRegistry.load(folders, EngineSettings(threads=1, deterministic=True, max_streams=8,
-                                                          max_pending=8))
-    yield registry
-    registry.close()
-
-
-@pytest.fixture(scope="module")
-def server(registry):
-    app = create_app(ServerConfig(api_key=KEY, cors_origins=(ORIGIN,), webui_dir=None), registry)
-    with ServerThread(app) as running:
-        yield running
+registry, server = server_fixtures(8, models=("tiny_cv", "tiny0b6_cv_bf16", "tiny_vd"), api_key=KEY,
+                                   cors_origins=(ORIGIN,))
 
 
 @pytest.fixture(scope="module")

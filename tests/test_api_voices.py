@@ -18,8 +18,7 @@ except ImportError:  # pragma: no cover
 from qwen3_tts_gguf.model.loaded import EngineSettings
 from qwen3_tts_gguf.voices.store import VoiceStore
 
-from api import ModelRegistry, ServerConfig, create_app
-from api.testing import ServerThread
+from tests.server_fixtures import FixtureValue, server_fixtures
 from tests.test_cli_voices import speechlike
 
 
@@ -28,15 +27,9 @@ def voices_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("voices")
 
 
-@pytest.fixture(scope="module")
-def server(converted_factory, voices_dir):
-    folders = [converted_factory("tiny_cv", "f32"), converted_factory("tiny_base", "f32"),
-               converted_factory("tiny_vd", "f32")]
-    registry = ModelRegistry.load(folders, EngineSettings(threads=1, deterministic=True, max_streams=4))
-    app = create_app(ServerConfig(webui_dir=None, voices_dir=voices_dir), registry)
-    with ServerThread(app) as running:
-        yield running
-    registry.close()
+registry, server = server_fixtures(settings=EngineSettings(threads=1, deterministic=True, max_streams=4),
+                                   models=("tiny_cv", "tiny_base", "tiny_vd"), api_key=None,
+                                   voices_dir=FixtureValue("voices_dir"))
 
 
 @pytest.fixture

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from api import ModelRegistry, ServerConfig, create_app
 from qwen3_tts_gguf.model.loaded import EngineSettings
+
+from api import ModelRegistry, ServerConfig, create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("qwen3_tts_gguf", "api", "bench")

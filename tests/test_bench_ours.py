@@ -1,4 +1,4 @@
-"""The bench's own engine session (bench/ours.py) on a tiny model: the same objects the benchmarks time."""
+"""The bench's own engine session (bench/pipelines/ours.py) on a tiny model: the same objects the benchmarks time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from bench.ours import OursSession
+from bench.pipelines.ours import OursSession
 
 
 def _engine_threads() -> int:

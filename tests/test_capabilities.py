@@ -27,6 +27,7 @@ from api.limits import ServerLimits
 from api.routes.capabilities import FALLBACK_NORMALIZATION_LANGUAGES, Capabilities
 from api.schemas import MAX_INPUT_CHARS, ResponseFormat
 from api.testing import ServerThread
+from tests.server_fixtures import registry_fixture
 
 KEY = "caps-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -35,12 +36,8 @@ LIMITS = ServerLimits(max_body_bytes=512 * 1024, ws_max_message_bytes=32 * 1024,
 BUFFERED_S = 4.5
 
 
-@pytest.fixture(scope="module")
-def registry(converted_factory):
-    registry = ModelRegistry.load([converted_factory("tiny_cv", "f32"), converted_factory("tiny_base", "f32")],
-                                  EngineSettings(threads=1, max_streams=2, max_buffered_audio_s=BUFFERED_S))
-    yield registry
-    registry.close()
+registry = registry_fixture(settings=EngineSettings(threads=1, max_streams=2, max_buffered_audio_s=BUFFERED_S),
+                            models=("tiny_cv", "tiny_base"))
 
 
 @contextlib.contextmanager

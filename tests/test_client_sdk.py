@@ -42,10 +42,8 @@ from qtts_client import (
     ResumeFailed,
     TransportError,
 )
-from qwen3_tts_gguf.model.loaded import EngineSettings
 
-from api import ModelRegistry, ServerConfig, create_app
-from api.testing import ServerThread
+from tests.server_fixtures import server_fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sdk-key"
@@ -56,18 +54,7 @@ SAMPLES_PER_FRAME = 1920
 VENV = ROOT / ".cache" / f"sdk-venv-py{sys.version_info[0]}{sys.version_info[1]}"
 
 
-@pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True, max_streams=4,
-                                                                 max_pending=4))
-    yield registry
-    registry.close()
-
-
-@pytest.fixture(scope="module")
-def server(registry):
-    with ServerThread(create_app(ServerConfig(api_key=KEY, webui_dir=None), registry)) as running:
-        yield running
+registry, server = server_fixtures(4, api_key=KEY)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from websockets.sync.client import connect
 from qwen3_tts_gguf.audio.encoding import StreamResampler, s16_to_ulaw, to_s16
 
 from api.protocols.elevenlabs import MAX_CONTEXTS
+from tests.server_fixtures import server_fixture, short_stream_registries
 from tests.ws_helpers import (
     KEY,
     SEED,
@@ -30,7 +31,6 @@ from tests.ws_helpers import (
     post_speech,
     run_pipecat,
     serve,
-    short_stream_registries,
     wait_idle,
 )
 
@@ -38,12 +38,7 @@ TEXTS = {"a": "Hello there, this is the first voice.", "b": "And here a second o
 
 
 registry, own_registry = short_stream_registries(max_streams=4, max_pending=8)
-
-
-@pytest.fixture(scope="module")
-def server(registry):
-    with serve(registry) as running:
-        yield running
+server = server_fixture()
 
 
 def open_socket(server, voice: str = "ryan", key: str | None = KEY, socket: str = "multi-stream-input", **query):

@@ -77,15 +77,15 @@ def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) 
         return act is not None and len(act.codes) >= 3
 
     if stage == "sampler":
-        import qwen3_tts_gguf.engine.scheduler as scheduler
-        real = scheduler.sample_code0
+        import qwen3_tts_gguf.engine.iteration as iteration
+        real = iteration.sample_code0
 
         def sample(logits, history, step, sampling, rng, **kw):
             if sampling is poisoned.talker and late(active_of(engine, poisoned)):
                 raise FloatingPointError("injected: non-finite probabilities")
             return real(logits, history, step, sampling, rng, **kw)
 
-        monkeypatch.setattr(scheduler, "sample_code0", sample)
+        monkeypatch.setattr(iteration, "sample_code0", sample)
     elif stage == "code predictor":
         real = model.predictor.predict
 

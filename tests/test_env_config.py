@@ -18,10 +18,10 @@ except ImportError:  # pragma: no cover
 import pytest
 from websockets.sync.client import connect
 
-from api.cli_args import SERVE_ENV_PREFIX
 from qwen3_tts_gguf.cli import build_parser
 from qwen3_tts_gguf.env_flags import env_name
 
+from api.cli_args import SERVE_ENV_PREFIX
 from tests.serve_process import ROOT, ServeProcess
 from tests.waiting import wait_until
 

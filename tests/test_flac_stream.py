@@ -7,7 +7,6 @@ import io
 
 import av
 import numpy as np
-import pytest
 
 try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
     import httpx2 as httpx
@@ -17,8 +16,7 @@ except ImportError:  # pragma: no cover
 from qwen3_tts_gguf.audio.encoding import StreamingEncoder, to_s16
 from qwen3_tts_gguf.model.loaded import EngineSettings
 
-from api import ModelRegistry, ServerConfig, create_app
-from api.testing import ServerThread
+from tests.server_fixtures import server_fixtures
 
 
 def streaminfo(data: bytes) -> dict:
@@ -43,13 +41,8 @@ def test_streaming_encoder_flac_has_no_length_yet_decodes_every_sample():
     np.testing.assert_array_equal(decode_flac(data), to_s16(np.concatenate(chunks)))
 
 
-@pytest.fixture(scope="module")
-def server(converted_factory):
-    registry = ModelRegistry.load([converted_factory("tiny_cv", "f32")],
-                                  EngineSettings(threads=1, deterministic=True, max_streams=2, max_pending=2))
-    with ServerThread(create_app(ServerConfig(webui_dir=None), registry)) as running:
-        yield running
-    registry.close()
+registry, server = server_fixtures(settings=EngineSettings(threads=1, deterministic=True, max_streams=2,
+                                                           max_pending=2), api_key=None)
 
 
 def test_flac_streamed_over_http_decodes_to_the_pcm_samples(server):

@@ -28,11 +28,12 @@ from pydantic import ValidationError
 from qwen3_tts_gguf.model.loaded import EngineSettings
 from qwen3_tts_gguf.voices.store import NAME_RE
 
-from api import ModelRegistry, ServerConfig, create_app
+from api import ServerConfig, create_app
 from api.errors import validation_error
 from api.schemas import NOT_BLANK_PATTERN, VOICE_NAME_PATTERN, SpeechRequest
 from api.speaking.plan import ignored_fields_header
 from api.testing import ServerThread
+from tests.server_fixtures import registry_fixture
 
 BASE = {"model": "tts-1", "input": "Hello there.", "voice": "ryan", "response_format": "pcm", "max_frames": 2,
         "seed": 3}
@@ -111,11 +112,7 @@ def test_ignored_field_names_are_echoed_only_when_header_safe():
 # -- a live server -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, max_streams=2, max_pending=4))
-    yield registry
-    registry.close()
+registry = registry_fixture(settings=EngineSettings(threads=1, max_streams=2, max_pending=4))
 
 
 @pytest.fixture(scope="module", params=["api-only", "with-console"])

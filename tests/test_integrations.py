@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
-
 from qwen3_tts_gguf.cli import build_parser
 
 from api import ServerConfig, create_app
 from api.testing import ServerThread
-from tests.ws_helpers import KEY, httpx, loaded_registry, ws_settings
+from tests.server_fixtures import registry_fixture
+from tests.ws_helpers import KEY, httpx
 
-
-@pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    with loaded_registry(tiny_cv_f32, ws_settings(1)) as registry:
-        yield registry
+registry = registry_fixture(1)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ import json
 import logging
 import socket
 import threading
-from contextlib import contextmanager
 
 import pytest
 import soundfile
@@ -27,10 +26,10 @@ except ImportError:  # pragma: no cover
 from qwen3_tts_gguf.model.loaded import EngineSettings
 from qwen3_tts_gguf.voices.store import VoiceStore
 
-from api import ModelRegistry, ServerConfig, create_app
+from api import ServerConfig
 from api.limits import ServerLimits
-from api.testing import ServerThread
 from api.voices import StoredVoiceProfiles
+from tests.server_fixtures import FixtureValue, server_fixtures
 from tests.test_cli_voices import speechlike
 from tests.waiting import wait_until
 
@@ -47,34 +46,14 @@ def wav_bytes(seconds: float, seed: int = 0) -> bytes:
     return buf.getvalue()
 
 
-@contextmanager
-def serving(folders, limits: ServerLimits, voices_dir=None, max_streams: int = 2):
-    registry = ModelRegistry.load(folders, EngineSettings(threads=1, deterministic=True, max_streams=max_streams,
-                                                          max_pending=4))
-    app = create_app(ServerConfig(webui_dir=None, voices_dir=voices_dir, limits=limits), registry)
-    try:
-        with ServerThread(app) as server:
-            yield server
-    finally:
-        registry.close()
-
-
 @pytest.fixture(scope="module")
 def voices_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("voices")
 
 
-@pytest.fixture(scope="module")
-def server(converted_factory, voices_dir):
-    folders = [converted_factory("tiny_cv", "f32"), converted_factory("tiny_base", "f32")]
-    with serving(folders, LIMITS, voices_dir) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def slow_server(converted_factory):
-    with serving([converted_factory("tiny_cv", "f32")], SLOW) as running:
-        yield running
+registry, server = server_fixtures(2, models=("tiny_cv", "tiny_base"), api_key=None,
+                                   voices_dir=FixtureValue("voices_dir"), limits=LIMITS)
+slow_registry, slow_server = server_fixtures(2, api_key=None, limits=SLOW, names=("slow_registry", "slow_server"))
 
 
 @pytest.fixture

@@ -16,18 +16,16 @@ from websockets.sync.client import connect
 
 from qwen3_tts_gguf.model.loaded import EngineSettings
 
-from tests.ws_helpers import httpx, loaded_registry, post_speech, serve, ws_url
+from tests.server_fixtures import server_fixtures
+from tests.ws_helpers import httpx, post_speech, ws_url
 
 TEXT = "Hello there, 👋 this is progress: 世界."
 SEED, FRAMES, TIMEOUT = 5, 40, 30.0
 SAMPLE_RATE = 24000
 
 
-@pytest.fixture(scope="module")
-def server(tiny_cv_f32):
-    settings = EngineSettings(threads=1, deterministic=True, max_streams=2)
-    with loaded_registry(tiny_cv_f32, settings) as registry, serve(registry, api_key=None) as running:
-        yield running
+registry, server = server_fixtures(settings=EngineSettings(threads=1, deterministic=True, max_streams=2),
+                                   api_key=None)
 
 
 def check_progress(events: list[dict], text: str, audio_bytes: int, speed: float = 1.0) -> None:

@@ -27,18 +27,16 @@ from qwen3_tts_gguf.audio.encoding import alaw_to_s16, ulaw_to_s16
 from api.ops.lifecycle import PROCESS
 from api.testing import ServerThread
 from tests.llm_text import llm_deltas
+from tests.server_fixtures import server_fixtures
 from tests.ws_helpers import (
     KEY,
     SAMPLES_PER_FRAME,
     TIMEOUT,
     event,
-    loaded_registry,
     post_speech,
     refused,
-    serve,
     speak_live,
     wait_idle,
-    ws_settings,
 )
 
 TEXT = "Hello there, this is a realtime test."
@@ -53,16 +51,7 @@ RESPONSE_EVENTS = ["response.created", "response.output_item.added", "conversati
 """A response's events in OpenAI's order (deltas collapsed: audio deltas repeat)."""
 
 
-@pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    with loaded_registry(tiny_cv_f32, ws_settings(MAX_STREAMS)) as registry:
-        yield registry
-
-
-@pytest.fixture(scope="module")
-def server(registry):
-    with serve(registry) as running:
-        yield running
+registry, server = server_fixtures(MAX_STREAMS)
 
 
 # -- a raw client ------------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ import pytest
 from qwen3_tts_gguf.model.loaded import EngineSettings
 
 from api import ServerConfig
+from api.limits import ServerLimits
 from api.speaking.usage import USAGE_FIELDS, USAGE_LOG_FIELDS, UsageLog, key_id
 from api.testing import ServerThread
-from tests.ws_helpers import httpx, loaded_registry, post_speech, serve, speak_live
+from tests.server_fixtures import FixtureValue, server_fixtures
+from tests.ws_helpers import httpx, post_speech, speak_live
 
 KEY = "usage-test-key"
 TEXT = "Hello there, this is a usage test."
@@ -30,20 +32,13 @@ TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    with loaded_registry(tiny_cv_f32, EngineSettings(threads=1, max_streams=4, max_pending=16)) as registry:
-        yield registry
-
-
-@pytest.fixture(scope="module")
 def usage_path(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("usage") / "usage.jsonl"
 
 
-@pytest.fixture(scope="module")
-def server(registry, usage_path):
-    with serve(registry, KEY, usage_log=usage_path, max_requests_per_client=16) as running:
-        yield running
+registry, server = server_fixtures(settings=EngineSettings(threads=1, max_streams=4, max_pending=16), api_key=KEY,
+                                   usage_log=FixtureValue("usage_path"),
+                                   limits=ServerLimits(max_requests_per_client=16))
 
 
 def lines(path: Path) -> list[dict]:

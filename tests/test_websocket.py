@@ -17,38 +17,27 @@ from websockets.sync.client import connect
 from qwen3_tts_gguf.audio.encoding import StreamingEncoder
 
 from tests.llm_text import PAUSE_S, llm_deltas
+from tests.server_fixtures import server_fixtures
 from tests.ws_helpers import (
     KEY,
     SAMPLES_PER_FRAME,
     TEXT,
     TIMEOUT,
     expect_error,
-    loaded_registry,
     open_ws,
     refused,
     say_and_stop,
     send,
-    serve,
     start,
     until_done,
     wait_idle,
     whole_text_pcm,
-    ws_settings,
 )
 
 MAX_STREAMS = 4
 
 
-@pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    with loaded_registry(tiny_cv_f32, ws_settings(MAX_STREAMS)) as registry:
-        yield registry
-
-
-@pytest.fixture(scope="module")
-def server(registry):
-    with serve(registry) as running:
-        yield running
+registry, server = server_fixtures(MAX_STREAMS)
 
 
 # -- live text equals the whole text -------------------------------------------------------------

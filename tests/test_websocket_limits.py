@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from api.testing import ServerThread
+from tests.server_fixtures import registry_fixture
 from tests.ws_helpers import (
     TEXT,
     TIMEOUT,
@@ -25,7 +26,6 @@ from tests.ws_helpers import (
     eventually,
     expect_error,
     httpx,
-    loaded_registry,
     open_from,
     send,
     serve,
@@ -33,16 +33,12 @@ from tests.ws_helpers import (
     until_done,
     wait_idle,
     whole_text_pcm,
-    ws_settings,
 )
 
 MAX_STREAMS = 2
 
 
-@pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    with loaded_registry(tiny_cv_f32, ws_settings(MAX_STREAMS)) as registry:
-        yield registry
+registry = registry_fixture(MAX_STREAMS)
 
 
 def closed_with(ws: ClientConnection) -> int | None:

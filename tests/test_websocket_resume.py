@@ -22,13 +22,13 @@ from websockets.sync.client import ClientConnection
 from api.limits import ServerLimits
 from api.testing import ServerThread
 from tests import ws_helpers
+from tests.server_fixtures import registry_fixture, server_fixture
 from tests.ws_helpers import (
     KEY,
     TIMEOUT,
     event,
     event_after_audio,
     httpx,
-    loaded_registry,
     open_from,
     open_ws,
     send,
@@ -36,7 +36,6 @@ from tests.ws_helpers import (
     until_done,
     wait_idle,
     whole_text_pcm,
-    ws_settings,
 )
 
 MAX_STREAMS = 4
@@ -48,17 +47,9 @@ BYTES_PER_FRAME = 2 * 1920
 eventually = functools.partial(ws_helpers.eventually, interval=0.02)
 
 
-@pytest.fixture(scope="module")
-def registry(tiny_cv_f32):
-    with loaded_registry(tiny_cv_f32, ws_settings(MAX_STREAMS)) as registry:
-        yield registry
-
-
-@pytest.fixture
-def server(registry):
-    """A server of its own per test (an app's lifespan starts and stops the registry's engines)."""
-    with serve(registry) as running:
-        yield running
+registry = registry_fixture(MAX_STREAMS)
+# a server of its own per test (an app's lifespan starts and stops the registry's engines)
+server = server_fixture(scope="function")
 
 
 def start(ws: ClientConnection, **fields) -> dict:

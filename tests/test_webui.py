@@ -18,11 +18,8 @@ except ImportError:  # pragma: no cover
     import httpx
 import pytest
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
-
-from api import ModelRegistry, ServerConfig, create_app
-from api.testing import ServerThread
 from tests.conftest import CHROMIUM
+from tests.server_fixtures import server_fixtures
 
 pytest.importorskip("playwright.sync_api")
 
@@ -35,14 +32,7 @@ WAIT_MS = 30_000
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="Debian chromium is not installed")
 
 
-@pytest.fixture(scope="module")
-def server(tiny_cv_f32):
-    registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, deterministic=True, max_streams=4,
-                                                                 max_pending=4))
-    app = create_app(ServerConfig(api_key=KEY, webui_dir=ROOT / "webui"), registry)
-    with ServerThread(app) as running:
-        yield running
-    registry.close()
+registry, server = server_fixtures(4, api_key=KEY, webui_dir=ROOT / "webui")
 
 
 @pytest.fixture

@@ -18,12 +18,10 @@ except ImportError:  # pragma: no cover
 import pytest
 import soundfile
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
 from qwen3_tts_gguf.voices.store import VoiceStore
 
-from api import ModelRegistry, ServerConfig, create_app
-from api.testing import ServerThread
 from tests.conftest import CHROMIUM
+from tests.server_fixtures import FixtureValue, server_fixtures
 from tests.test_cli_voices import speechlike
 from tests.test_webui import ROOT, SAMPLES_PER_FRAME, WAIT_MS, qtts, screenshot
 
@@ -46,20 +44,8 @@ def voices_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("voices")
 
 
-@pytest.fixture(scope="module")
-def registry(converted_factory):
-    folders = [converted_factory("tiny_cv", "f32"), converted_factory("tiny_base", "f32"),
-               converted_factory("tiny_vd", "f32")]
-    registry = ModelRegistry.load(folders, EngineSettings(threads=1, deterministic=True, max_streams=4, max_pending=4))
-    yield registry
-    registry.close()
-
-
-@pytest.fixture(scope="module")
-def server(registry, voices_dir):
-    app = create_app(ServerConfig(api_key=KEY, webui_dir=ROOT / "webui", voices_dir=voices_dir), registry)
-    with ServerThread(app) as running:
-        yield running
+registry, server = server_fixtures(4, models=("tiny_cv", "tiny_base", "tiny_vd"), api_key=KEY,
+                                   webui_dir=ROOT / "webui", voices_dir=FixtureValue("voices_dir"))
 
 
 @pytest.fixture

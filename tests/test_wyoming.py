@@ -27,7 +27,8 @@ from api import ServerConfig, create_app
 from api.limits import ServerLimits
 from api.ops.lifecycle import PROCESS
 from api.testing import ServerThread
-from tests.ws_helpers import KEY, httpx, run_async, short_stream_registries, wait_idle
+from tests.server_fixtures import short_stream_registries
+from tests.ws_helpers import KEY, httpx, run_async, wait_idle
 
 SAMPLES_PER_FRAME = 1920
 

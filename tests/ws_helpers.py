@@ -1,8 +1,9 @@
 """Shared pieces of the socket tests: a registry and a real uvicorn server on loopback, and a small
 `/v1/ws` client (the `websockets` package) with the defaults those tests speak with.
 
-Each test file keeps its own `registry` and `server` fixtures (their scopes and settings differ on
-purpose); they call the factories here.
+The test files' `registry` and `server` fixtures are made, one line a file, by the factories of
+`server_fixtures.py` from the pieces here (a file whose fixtures are its own writes them out); a test
+that needs a server of other limits for a while opens one with `serve`.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from api.testing import ServerThread
 
 __all__ = ["FRAMES", "KEY", "SAMPLES_PER_FRAME", "SEED", "TEXT", "TIMEOUT", "ClientConnection", "ServerThread",
            "event", "eventually", "expect_error", "httpx", "loaded_registry", "open_from", "open_ws",
-           "post_speech", "refused", "run_async", "say_and_stop", "send", "serve", "short_stream_registries",
-           "speak_live", "start", "until_done", "wait_idle", "whole_text_pcm", "ws_settings", "ws_url"]
+           "post_speech", "refused", "run_async", "say_and_stop", "send", "serve", "speak_live", "start",
+           "until_done", "wait_idle", "whole_text_pcm", "ws_settings", "ws_url"]
 
 KEY = "test-key"
 TEXT = "Hello there, this is a live streaming test of words."
@@ -54,9 +55,9 @@ def ws_settings(max_streams: int) -> EngineSettings:
 
 
 @contextlib.contextmanager
-def loaded_registry(model: Path, settings: EngineSettings) -> Iterator[ModelRegistry]:
-    """A ModelRegistry of the converted `model` with `settings`, closed on exit."""
-    registry = ModelRegistry.load([model], settings)
+def loaded_registry(models: Path | list[Path], settings: EngineSettings) -> Iterator[ModelRegistry]:
+    """A ModelRegistry of the converted model or models (the first is the default) with `settings`, closed on exit."""
+    registry = ModelRegistry.load([models] if isinstance(models, Path) else models, settings)
     try:
         yield registry
     finally:
@@ -70,21 +71,6 @@ def serve(registry: ModelRegistry, api_key: str | None = KEY, *, usage_log: Path
     config = ServerConfig(api_key=api_key, webui_dir=None, usage_log=usage_log, limits=ServerLimits(**limits))
     with ServerThread(create_app(config, registry)) as running:
         yield running
-
-
-def short_stream_registries(max_streams: int, max_pending: int) -> tuple[Callable, Callable]:
-    """Fixtures `registry` (module) and `own_registry` (one test's own: a server's end stops its
-    registry's engines) of the tiny CustomVoice model, deterministic, one thread, whose runaway budget
-    (6 frames + 1 per text token) ends every stream within a few dozen frames: for protocols that
-    have no `max_frames` (random weights rarely say EOS)."""
-    settings = EngineSettings(threads=1, deterministic=True, max_streams=max_streams, max_pending=max_pending,
-                              budget_base_frames=6, budget_frames_per_token=1)
-
-    def load(tiny_cv_f32):
-        with loaded_registry(tiny_cv_f32, settings) as registry:
-            yield registry
-
-    return pytest.fixture(scope="module", name="registry")(load), pytest.fixture(name="own_registry")(load)
 
 
 def run_async(coro: Any, timeout: float = TIMEOUT) -> Any:

@@ -10,7 +10,6 @@ from bench.common import FRAME_RATE, median
 from bench.report.format import _best, _bg, _block_origin, _f, _med
 from bench.report.goals import ONE_PROCESS_TARGET
 
-
 BUSY_LABELS = {"none": "none", "cpu1": "`stress-ng --cpu 1`", "cpu2": "`stress-ng --cpu 2`",
                "stream1": "`stress-ng --stream 1`"}
 BUSY_WHAT = {key: what for key, _, what in BUSY_LOADS}

@@ -7,7 +7,6 @@ from bench.report.format import _best, _bg, _block_origin, _f, _goal, _med, _ms,
 from bench.report.goals import TTFA_TARGETS
 from bench.report.results import _latency_medians, _rest_s
 
-
 FIRST_AUDIO_CASES = {"non-streaming/cold": "non-streaming, cold", "non-streaming/cached": "non-streaming, cached",
                      "streaming/cold": "streaming, cold", "streaming/cached": "streaming, cached",
                      "live/cold": "live, cold"}

@@ -8,7 +8,6 @@ from qwen3_tts_gguf.model.loaded import KV_CELLS_PER_STREAM
 from bench.report.format import _block_origin, _ok
 from bench.report.goals import MEMORY_TARGET_MB
 
-
 MEMORY_PARTS = {"runtimes": "Python, numpy, ONNX Runtime, llama.cpp loaded", "tokenizer_tables":
                 "tokenizer, text tables (memory-mapped; the projection's f32 weights)", "talker":
                 "talker: weights (memory-mapped) + KV cache", "code_predictor": "code predictor graph",

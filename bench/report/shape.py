@@ -76,22 +76,23 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
         w("|---|---|---|---|---|---|---|---|---|")
         o = off["runs"] if off_ok else []
         iso = head.get("isolated") if _ok(head.get("isolated")) else {}
+
+        def bandwidth_row(stage: str, weights: str, key: str, nbytes: float, flops: float, measure: str,
+                          headline: bool) -> None:
+            """The row of a bandwidth-bound stage in `weights` (run `key`; `measure`: its time in the runs)."""
+            run = entry["ours"].get(key)
+            meas = _med(run["single"], measure) if _ok(run) and run.get("single") else None
+            bound = 1e3 * nbytes / (lim["bw"] * 1e9)
+            alone = _f(iso.get(measure)) if headline else ""
+            w(f"| {stage} | {weights} | {_gb(nbytes)} | {flops / 1e9:.2f} GFLOP | {bound:.1f} | {alone} | {_f(meas)} | "
+              f"{_x(meas, bound)} | {_f(_med(o, measure)) + ' (fp32)' if headline else ''} |")
+
         for quant, tc in talker_costs.items():
-            run = entry["ours"].get(f"{quant}+{head_cp}/t{head_t}")
-            meas = _med(run["single"], "talker_step_ms") if _ok(run) and run.get("single") else None
-            bound = 1e3 * tc["bytes_per_step"] / (lim["bw"] * 1e9)
-            alone = _f(iso.get("talker_step_ms")) if quant == head_q else ""
-            w(f"| talker step | {quant} | {_gb(tc['bytes_per_step'])} | {tc['flops_per_step'] / 1e9:.2f} GFLOP | "
-              f"{bound:.1f} | {alone} | {_f(meas)} | {_x(meas, bound)} | "
-              f"{_f(_med(o, 'talker_step_ms')) + ' (fp32)' if quant == head_q else ''} |")
+            bandwidth_row("talker step", quant, f"{quant}+{head_cp}/t{head_t}", tc["bytes_per_step"],
+                          tc["flops_per_step"], "talker_step_ms", quant == head_q)
         for cp, pcost in predictors.items():
-            run = entry["ours"].get(f"{head_q}+{cp}/t{head_t}")
-            meas = _med(run["single"], "predictor_ms") if _ok(run) and run.get("single") else None
-            bound = 1e3 * pcost["bytes_per_frame"] / (lim["bw"] * 1e9)
-            alone = _f(iso.get("predictor_ms")) if cp == head_cp else ""
-            w(f"| code predictor (15 steps) | {cp} | {_gb(pcost['bytes_per_frame'])} | "
-              f"{pcost['flops_per_frame'] / 1e9:.2f} GFLOP | {bound:.1f} | {alone} | {_f(meas)} | {_x(meas, bound)} | "
-              f"{_f(_med(o, 'predictor_ms')) + ' (fp32)' if cp == head_cp else ''} |")
+            bandwidth_row("code predictor (15 steps)", cp, f"{head_q}+{cp}/t{head_t}", pcost["bytes_per_frame"],
+                          pcost["flops_per_frame"], "predictor_ms", cp == head_cp)
         if cc:
             bound = 1e3 * cc["flops_per_frame"] / (lim["conv"] * 1e9) if lim.get("conv") else None
             meas = _med(head["single"], "codec_ms_per_frame")
