@@ -39,8 +39,11 @@ from api.voices import NoVoiceProfiles, StoredVoiceProfiles, VoiceProfiles
 # Feature routers, in order.
 ROUTERS: tuple[APIRouter, ...] = (speech.router, websocket.router, catalog.router, voice_profiles_module.router,
                                   realtime_module.router, elevenlabs.router, elevenlabs_routes.router,
-                                  health.router, metrics.router,
+                                  catalog.elevenlabs_router, health.router, metrics.router,
                                   capabilities_module.router)
+ELEVENLABS_ROUTERS = (elevenlabs.router, elevenlabs_routes.router, catalog.elevenlabs_router)
+"""Served again under `elevenlabs.PREFIX` (ElevenLabs' clients' base URL), with ElevenLabs' model list there
+(`catalog.elevenlabs_models`); left out of the OpenAPI document, which describes each route once."""
 
 
 def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles: VoiceProfiles | None = None,
@@ -88,6 +91,9 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
     install_error_handlers(app)
     for router in routers:
         app.include_router(router)
+    prefixed = [router for router in routers if router in ELEVENLABS_ROUTERS]
+    for router in prefixed + ([catalog.elevenlabs_models] if prefixed else []):
+        app.include_router(router, prefix=elevenlabs.PREFIX, include_in_schema=False)
     # add_middleware wraps: the last added runs first (requests in progress for the drain, CORS, request
     # ids/metrics, the access record, Host and Origin, the key, then the body's size and time)
     app.add_middleware(BodyLimits, limits=limits)

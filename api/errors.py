@@ -4,8 +4,9 @@ Every error leaves as `{"error": {"message", "type", "param", "code"}}` (all fou
 `code` may be null). Routes raise `APIError` (or one of the constructors below); FastAPI's own
 validation errors become 400 in the same envelope, never 422 `{"detail": ...}` (and the OpenAPI
 document lists no 422: `document_errors`; routes list their statuses with `error_responses`). A body
-that is not UTF-8 is 400 `invalid_json`; a wrong method is 405 with the path's `Allow`, also where the
-web console's mount at `/` would have answered 404 or its own 405.
+that is not UTF-8 is 400 `invalid_json`; one sent as something else than JSON (read as JSON all the
+same: `api/ops/middleware.read_as_json`) that is not JSON says what to send. A wrong method is 405
+with the path's `Allow`, also where the web console's mount at `/` would have answered 404 or its own 405.
 
 Retry semantics for the OpenAI SDK (it retries 408/409/429/5xx twice by default), decided here
 and nowhere else:
@@ -150,12 +151,27 @@ async def _api_error(_: Request, exc: APIError) -> JSONResponse:
     return exc.response()
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    return validation_error(exc).response()
+SENT_CONTENT_TYPE = "sent_content_type"
+"""`scope["state"]` key (`api/ops/middleware.read_as_json`): the Content-Type a body read as JSON came with,
+when it was not JSON's ("" for none)."""
 
 
-API_PREFIXES = ("/v1/", "/audio/")
-"""Paths that belong to the API (anything else may be a file of the web console)."""
+def _body_not_json(request: Request, error: APIError) -> APIError:
+    """`error` about the body as a whole, saying what to send when the body came as something else than JSON."""
+    sent = request.scope.get("state", {}).get(SENT_CONTENT_TYPE)
+    if sent is not None and error.param is None:
+        came = f"with Content-Type '{sent[:100]}'" if sent else "without a Content-Type"
+        error.message += f" It came {came}: send a JSON object (as 'Content-Type: application/json')."
+    return error
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _body_not_json(request, validation_error(exc)).response()
+
+
+API_PREFIXES = ("/v1/", "/v2/", "/audio/", "/elevenlabs/")
+"""Paths that belong to the API (anything else may be a file of the web console): ElevenLabs' `/v2/voices`
+and its routes again under `/elevenlabs/` (`api/protocols/elevenlabs.py`) too."""
 _BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads refused
 
 
@@ -196,7 +212,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         # json.loads raised something other than a syntax error: bytes that are not UTF-8, a number
         # past Python's digit limit, nesting past the recursion limit
         reason = "it is not UTF-8 text" if isinstance(exc.__cause__, UnicodeDecodeError) else "it cannot be parsed"
-        return invalid_request(f"The request body is not valid JSON ({reason}).", code="invalid_json").response()
+        return _body_not_json(request, invalid_request(f"The request body is not valid JSON ({reason}).",
+                                                       code="invalid_json")).response()
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code)
     return APIError(message, status_code=exc.status_code, code=code, headers=exc.headers).response()

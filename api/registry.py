@@ -28,7 +28,9 @@ from api.errors import model_not_found
 
 log = logging.getLogger("api.registry")
 
-OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
+OPENAI_MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-03-20",
+                        "gpt-4o-mini-tts-2025-12-15")
+"""OpenAI's speech model ids, snapshots included: every one the openai SDK names (a test checks)."""
 
 
 @dataclass

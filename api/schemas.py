@@ -245,6 +245,64 @@ class VoiceList(BaseModel):
     voices: list[Voice]
 
 
+# -- ElevenLabs' listings (`GET /v1/voices`, `/v2/voices`, `/v1/voices/{id}`; `/v1/models` for its clients) --
+
+
+class ElevenLabsVoice(BaseModel):
+    """A voice of `VoiceList` in ElevenLabs' `Voice` shape: its fields this server can fill, then `models`."""
+
+    voice_id: str
+    name: str
+    category: Literal["premade", "cloned"] = Field(description="premade: a speaker or an OpenAI name; cloned: a "
+                                                               "voice profile")
+    labels: dict[str, str] = Field(description="gender and language (ISO 639-1 where it has one)")
+    description: str | None = None
+    preview_url: None = None
+    available_for_tiers: list[str] = Field(default_factory=list)
+    settings: None = None
+    created_at_unix: int | None = Field(None, description="when a profile was made")
+    models: list[str] = Field(description="the served models that speak it (as `/v1/audio/voices` says)")
+
+
+class ElevenLabsVoices(BaseModel):
+    """GET /v1/voices: ElevenLabs' `GetVoicesResponse`."""
+
+    voices: list[ElevenLabsVoice]
+
+
+class ElevenLabsVoicePage(BaseModel):
+    """GET /v2/voices: ElevenLabs' `GetVoicesV2Response`, one page."""
+
+    voices: list[ElevenLabsVoice]
+    has_more: bool
+    total_count: int = Field(description="voices matching the query, all pages")
+    next_page_token: str | None = Field(description="`next_page_token` of the next page; null on the last")
+
+
+class ElevenLabsLanguage(BaseModel):
+    language_id: str = Field(description="ISO 639-1 where it has one")
+    name: str
+
+
+class ElevenLabsModel(BaseModel):
+    """One entry of ElevenLabs' model list (its `Model` shape): a served model or alias."""
+
+    model_id: str
+    name: str
+    description: str
+    can_do_text_to_speech: bool = True
+    can_do_voice_conversion: bool = False
+    can_be_finetuned: bool = False
+    can_use_style: bool = False
+    can_use_speaker_boost: bool = False
+    serves_pro_voices: bool = False
+    requires_alpha_access: bool = False
+    maximum_text_length_per_request: int = MAX_INPUT_CHARS
+    max_characters_request_free_user: int = MAX_INPUT_CHARS
+    max_characters_request_subscribed_user: int = MAX_INPUT_CHARS
+    languages: list[ElevenLabsLanguage]
+
+
 class VoiceCreated(BaseModel):
     """POST /v1/audio/voices: the profile made."""
 

@@ -2,7 +2,8 @@
 docs/integrations.md says. LiveKit Agents' plugins (livekit-plugins-openai, livekit-plugins-elevenlabs
 1.8.9): the OpenAI plugin's one-shot request in both of its shapes (`tts-1`: the audio itself; other
 model names: SSE events), the ElevenLabs plugin's token stream (the multi-context socket) and its
-one-shot request (`/stream`). Pipecat's OpenAITTSService (pipecat-ai 1.14; its ElevenLabs services:
+one-shot request (`/stream`), in pcm and in its own default format (mp3 at 22.05 kHz, 32 kb/s, decoded by
+the plugin), on the `/elevenlabs/v1` base URL too. Pipecat's OpenAITTSService (pipecat-ai 1.14; its ElevenLabs services:
 tests/test_elevenlabs.py).
 
 Each run must give 24 kHz mono frames with audio in them and leave nothing running; the services choose
@@ -24,11 +25,11 @@ server = server_fixture()
 TEXT = "Hello there. This is a voice agent speaking."
 
 
-def check(frames) -> None:
-    """24 kHz mono frames (LiveKit's or Pipecat's) holding at least the budget's 6 frames of 80 ms."""
-    assert frames and all(f.sample_rate == 24000 and f.num_channels == 1 for f in frames)
+def check(frames, rate: int = 24000) -> None:
+    """Mono frames at `rate` (LiveKit's or Pipecat's) holding at least the budget's 6 frames of 80 ms."""
+    assert frames and all(f.sample_rate == rate and f.num_channels == 1 for f in frames)
     samples = sum(f.samples_per_channel if hasattr(f, "samples_per_channel") else f.num_frames for f in frames)
-    assert samples >= 1920 * 6
+    assert samples >= rate * 6 * 8 // 100
 
 
 @pytest.mark.parametrize("model", ["tts-1", "gpt-4o-mini-tts"])
@@ -46,15 +47,17 @@ def test_livekits_openai_plugin(server, registry, model):
     assert wait_idle(registry)["active"] == 0
 
 
+@pytest.mark.parametrize("encoding, base", [("pcm_24000", "/v1"), (None, "/elevenlabs/v1")])
 @pytest.mark.parametrize("streamed", [True, False])
-def test_livekits_elevenlabs_plugin(server, registry, streamed):
+def test_livekits_elevenlabs_plugin(server, registry, streamed, encoding, base):
+    """None: the plugin's default `encoding`, mp3_22050_32."""
     import aiohttp
     from livekit.plugins import elevenlabs
 
     async def speak():
         async with aiohttp.ClientSession() as session:
-            tts = elevenlabs.TTS(api_key=KEY, base_url=f"{server.url}/v1", voice_id="ryan", model="tts-1",
-                                 encoding="pcm_24000", http_session=session)
+            tts = elevenlabs.TTS(api_key=KEY, base_url=f"{server.url}{base}", voice_id="ryan", model="tts-1",
+                                 http_session=session, **({"encoding": encoding} if encoding else {}))
             try:
                 if not streamed:
                     return [event.frame async for event in tts.synthesize(TEXT)]
@@ -69,7 +72,7 @@ def test_livekits_elevenlabs_plugin(server, registry, streamed):
                 await tts.aclose()
 
     frames = run_async(speak())
-    check(frames)
+    check(frames, 24000 if encoding else 22050)
     if streamed:  # the socket's alignment gives the plugin its timed words (for LiveKit's transcript sync)
         from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
 

@@ -12,6 +12,8 @@ import base64
 import io
 import json
 import logging
+import re
+from typing import get_args
 
 import av
 import numpy as np
@@ -31,6 +33,7 @@ from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
 
 from api import ModelRegistry, ServerConfig, create_app
+from api.registry import OPENAI_MODEL_ALIASES
 from api.testing import ServerThread
 from tests.server_fixtures import server_fixtures
 
@@ -122,7 +125,10 @@ def aligned_correlation(reference: np.ndarray, decoded: np.ndarray) -> float:
 @pytest.mark.parametrize("fmt", ["pcm", "wav", "flac", "mp3", "opus", "aac"])
 def test_every_format_decodes_to_the_engine_samples(client, reference, fmt):
     body, headers = speech(client, fmt)
-    assert "content-length" not in headers and headers["transfer-encoding"] == "chunked"
+    if fmt == "flac":  # sent whole, its STREAMINFO final (tests/test_flac_stream.py)
+        assert int(headers["content-length"]) == len(body) and "transfer-encoding" not in headers
+    else:
+        assert "content-length" not in headers and headers["transfer-encoding"] == "chunked"
     assert headers["content-type"] == {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac",
                                        "mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac"}[fmt]
     assert headers["cache-control"] == "no-cache" and headers["x-accel-buffering"] == "no"
@@ -300,14 +306,26 @@ def test_wrong_or_missing_api_key(server):
 
 def test_model_listings(client, http, registry):
     ids = [m.id for m in client.models.list()]
-    assert ids == [m.id for m in registry.models] + ["tts-1", "tts-1-hd", "gpt-4o-mini-tts",
-                                                      "gpt-4o-mini-tts-2025-12-15"]
+    assert ids == [m.id for m in registry.models] + list(OPENAI_MODEL_ALIASES)
     card = client.models.retrieve("tts-1-hd")
     assert card.id == "tts-1-hd" and card.root == registry.default.id and card.object == "model"
     assert client.models.retrieve(registry.models[2].folder.name).root == registry.models[2].id
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")
     assert http.get("/v1/audio/models").json() == {"models": [{"id": i} for i in ids]}
+
+
+def test_every_speech_model_the_openai_sdk_names_is_served(client, registry):
+    """The SDK's `SpeechModel` literal and the snapshots its create-speech documents (they differ: the
+    literal has one snapshot, the text two): each speaks with the default model."""
+    from openai.resources.audio.speech import Speech
+    from openai.types.audio.speech_model import SpeechModel
+
+    named = set(get_args(SpeechModel)) | set(re.findall(r"`([\w.-]*tts[\w.-]*)`", Speech.create.__doc__))
+    assert {"tts-1", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-03-20"} <= named
+    for model in sorted(named):
+        _, headers = speech(client, model=model, max_frames=1)
+        assert headers["x-qwen3tts-model"] == registry.default.id, model
 
 
 def test_voice_listing(http, registry):

@@ -164,9 +164,14 @@ def test_empty_stream_and_lifecycle() -> None:
         {"format": "pcm", "speed": float("nan")},
         {"format": "pcm", "speed": "fast"},
         {"format": "opus", "sample_rate": 44100},
-        {"format": "mp3", "pcm_rate": 16000},
-        {"format": "pcm", "pcm_rate": 4000},
-        {"format": "pcm", "pcm_rate": 200_000},
+        {"format": "mp3", "out_rate": 11000},
+        {"format": "pcm", "out_rate": 4000},
+        {"format": "pcm", "out_rate": 200_000},
+        {"format": "wav", "out_rate": 16000},
+        {"format": "opus", "out_rate": 44100},
+        {"format": "mp3", "bit_rate": 4000},
+        {"format": "opus", "bit_rate": 600_000},
+        {"format": "flac", "bit_rate": 64000},
     ],
 )
 def test_bad_arguments(kwargs: dict) -> None:
@@ -350,11 +355,29 @@ def test_g711_streaming_encoder_resamples_to_8k_across_chunks(fmt: str) -> None:
 @pytest.mark.parametrize("rate", [8000, 16000, 44100, 48000])
 def test_pcm_at_another_rate_is_one_resampling_of_the_whole_stream(rate: int) -> None:
     signal = tone(440.0, 1.0)
-    chunked = StreamingEncoder("pcm", SR, pcm_rate=rate)
+    chunked = StreamingEncoder("pcm", SR, out_rate=rate)
     data = b"".join(chunked.encode(signal[i : i + CHUNK]) for i in range(0, len(signal), CHUNK)) + chunked.finish()
     assert len(data) == 2 * len(signal) * rate // SR  # nothing lost at the end
     resampler = StreamResampler(SR, rate)
     whole = to_s16(np.concatenate([resampler.process(to_s16(signal) / 32767.0), resampler.flush()]))
     assert data == whole.astype("<i2").tobytes()  # the s16 rule, then one resampling: chunking changes no byte
     assert abs(dominant_freq(whole / 32767.0, rate) - 440.0) < 5
-    assert StreamingEncoder("pcm", SR, pcm_rate=SR).encode(signal) == to_s16(signal).astype("<i2").tobytes()
+    assert StreamingEncoder("pcm", SR, out_rate=SR).encode(signal) == to_s16(signal).astype("<i2").tobytes()
+
+
+@pytest.mark.parametrize("fmt, rate, bit_rate", [("mp3", 22050, 32_000), ("mp3", 44100, 128_000),
+                                                 ("mp3", 24000, 48_000), ("opus", 48000, 64_000)])
+def test_mp3_and_opus_at_another_rate_and_bit_rate(fmt: str, rate: int, bit_rate: int) -> None:
+    """ElevenLabs' `mp3_22050_32` ... `opus_48000_64`: the chunks resampled to the codec's rate, encoded at the
+    bit rate asked; the stream decodes at that rate, as long as the input (plus the codec's delay), same tone."""
+    signal = tone(440.0, 2.0)
+    enc = StreamingEncoder(fmt, SR, out_rate=rate, bit_rate=bit_rate)
+    parts = [enc.encode(signal[i : i + CHUNK]) for i in range(0, len(signal), CHUNK)]
+    data = b"".join(parts) + enc.finish()
+    assert sum(1 for p in parts if p) >= 20  # still streams
+    decoded, decoded_rate = decode_av(data, fmt)
+    assert decoded_rate == rate
+    assert 0 <= len(decoded) / rate - 2.0 < 0.1
+    assert abs(dominant_freq(decoded, rate) - 440.0) < 5
+    if fmt == "mp3":  # constant bit rate, no header: the bytes say the length
+        assert abs(len(data) * 8 / bit_rate - len(decoded) / rate) < 0.05

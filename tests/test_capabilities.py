@@ -91,7 +91,8 @@ def test_the_document_says_what_this_server_offers_and_validates_against_its_sch
     assert protocols["elevenlabs-multi-context"] == {
         "name": "elevenlabs-multi-context", "path": "/v1/text-to-speech/{voice_id}/multi-stream-input",
         "subprotocol": None, "version": "v1",
-        "features": ["contexts", "stream-input", "http", "pcm_8000-48000", "ulaw_8000", "alaw_8000"]}
+        "features": ["contexts", "stream-input", "http", "with-timestamps", "pcm_8000-48000", "ulaw_8000",
+                     "alaw_8000", "mp3", "opus", "voices", "models", "speed", "apply_text_normalization"]}
 
     assert doc["formats"] == list(get_args(ResponseFormat)) == ["mp3", "opus", "aac", "flac", "wav", "pcm"]
     limits = doc["limits"]

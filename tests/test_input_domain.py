@@ -187,6 +187,34 @@ def test_non_finite_json_numbers_are_refused(http, token, field):
     assert response.status_code == 400 and _envelope(response)["param"] == field
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None,
+                                          "application/json; charset=utf-8"])
+def test_a_json_body_is_read_as_json_whatever_its_content_type(http, content_type):
+    """`curl -d '{...}'` sends application/x-www-form-urlencoded; other clients text/plain or nothing."""
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = http.post("/v1/audio/speech", content=json.dumps(BASE).encode(), headers=headers)
+    assert response.status_code == 200 and len(response.content) == 2 * 2 * SAMPLES_PER_FRAME, response.text
+    eleven = http.post("/v1/text-to-speech/ryan", params={"output_format": "pcm_24000"}, headers=headers,
+                       content=json.dumps({"text": BASE["input"], "seed": 3}).encode())
+    assert eleven.status_code == 200 and eleven.content, eleven.text
+
+
+@pytest.mark.parametrize("content_type, content, came", [
+    ("application/x-www-form-urlencoded", b"model=tts-1&input=Hello&voice=ryan",
+     "with Content-Type 'application/x-www-form-urlencoded'"),
+    ("multipart/form-data; boundary=x", b"--x\r\nContent-Disposition: form-data; name=\"input\"\r\n\r\nHi\r\n--x--\r\n",
+     "with Content-Type 'multipart/form-data; boundary=x'"),
+    (None, b"[1, 2]", "without a Content-Type"),
+])
+def test_a_body_that_is_not_json_is_told_to_send_json(http, content_type, content, came):
+    response = http.post("/v1/audio/speech", content=content,
+                         headers={"Content-Type": content_type} if content_type else {})
+    assert response.status_code == 400
+    error = _envelope(response)
+    assert error["code"] in ("invalid_json", "invalid_value") and error["param"] is None
+    assert f"It came {came}: send a JSON object (as 'Content-Type: application/json')." in error["message"]
+
+
 def _speak(http, **extra) -> httpx.Response:
     response = http.post("/v1/audio/speech", json={**BASE, **extra})
     assert response.status_code == 200, response.text
@@ -225,6 +253,10 @@ EXPECTED_ERRORS = {
     ("post", "/v1/text-to-speech/{voice_id}"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
     ("post", "/v1/text-to-speech/{voice_id}/stream"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
     ("post", "/v1/text-to-speech/{voice_id}/stream/with-timestamps"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
+    ("post", "/v1/text-to-speech/{voice_id}/with-timestamps"): {400, 401, 403, 404, 408, 413, 429, 500, 503},
+    ("get", "/v1/voices"): {400, 401},
+    ("get", "/v1/voices/{voice_id}"): {400, 401, 404},
+    ("get", "/v2/voices"): {400, 401},
     ("get", "/v1/models"): {400, 401},
     ("get", "/v1/capabilities"): {400, 401},
     ("get", "/v1/models/{model_id}"): {400, 401, 404},

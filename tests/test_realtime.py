@@ -201,6 +201,31 @@ def test_openai_async_sdk(server):
     assert status in ("completed", "incomplete") and 0 < len(audio) <= 2 * SAMPLES_PER_FRAME * 2
 
 
+def test_a_beta_sdk_session_is_told_the_ga_shape(server):
+    """The beta API's client (`client.beta.realtime`: flat `voice`, `modalities`, no `session.type`) gets
+    an error that names the GA shape and where its fields go; the socket goes on."""
+    beta_session = {"voice": "ryan", "modalities": ["audio", "text"], "output_audio_format": "pcm16"}
+    beta = getattr(getattr(sdk_client(server).beta, "realtime", None), "connect", None)
+    if beta is None:  # an SDK without the beta client: its message, raw
+        with open_rt(server) as ws:
+            created(ws)
+            send(ws, "session.update", session=beta_session)
+            error = expect_error(ws, "missing_required_parameter", "session.type")
+            assert update(ws, audio=output())["type"] == "realtime"
+    else:
+        with beta(model="gpt-realtime") as conn:
+            conn.session.update(session=beta_session)
+            error = next(ev.error for ev in conn if ev.type == "error").model_dump()
+            conn.session.update(session=SDK_SESSION)
+            assert next(ev.type for ev in conn if ev.type in ("session.updated", "error")) == "session.updated"
+    assert (error["code"], error["param"]) == ("missing_required_parameter", "session.type")
+    message = error["message"]
+    assert "GA Realtime API" in message and "'session.type' is required (\"realtime\")" in message
+    for beta_field, ga in (("voice", "audio.output.voice"), ("modalities", "output_modalities"),
+                           ("output_audio_format", "audio.output.format")):
+        assert f"'session.{beta_field}' goes in 'session.{ga}'" in message
+
+
 # -- raw socket: events, formats, live text ------------------------------------------------------------
 
 

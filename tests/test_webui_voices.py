@@ -20,6 +20,7 @@ import soundfile
 
 from qwen3_tts_gguf.voices.store import VoiceStore
 
+from api.registry import OPENAI_MODEL_ALIASES
 from tests.conftest import CHROMIUM
 from tests.server_fixtures import FixtureValue, server_fixtures
 from tests.test_cli_voices import speechlike
@@ -97,7 +98,7 @@ def create_voice(page, name: str, *, wait_error: bool = False) -> None:
 def test_model_cards_say_what_each_model_is_and_the_console_uses_them(server, registry, page):
     cv, base, vd = registry.models
     cards = {c["id"]: c for c in httpx.get(f"{server.url}/v1/models", headers=AUTH).json()["data"]}
-    assert set(cards) == {cv.id, base.id, vd.id, "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15"}
+    assert set(cards) == {cv.id, base.id, vd.id, *OPENAI_MODEL_ALIASES}
     card = cards[cv.id]
     assert {k: card[k] for k in ("object", "id", "owned_by", "root")} == {
         "object": "model", "id": cv.id, "owned_by": "qwen3-tts-x", "root": cv.id}

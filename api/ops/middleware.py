@@ -8,7 +8,8 @@
 - `BodyLimits`: a request body over its size cap gets 413 (`Content-Length` checked up front,
   chunked bodies counted as they arrive), one that does not arrive within `body_timeout_s` of the
   headers gets 408; either way the connection is closed and the route sees the client as gone, so
-  it frees what it held.
+  it frees what it held. A body that is not an upload is read as JSON whatever its Content-Type
+  (`read_as_json`).
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from collections.abc import Sequence
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import SERVER_ERROR, APIError, invalid_request, payload_too_large, unauthorized
+from api.errors import (API_PREFIXES, SENT_CONTENT_TYPE, SERVER_ERROR, APIError, invalid_request, payload_too_large,
+                        unauthorized)
 from api.limits import ServerLimits
 from api.ops import headers
 from api.ops.metrics import Metrics
 
 log = logging.getLogger("api.requests")
 
-PROTECTED_PREFIXES = ("/v1/", "/audio/")
+PROTECTED_PREFIXES = API_PREFIXES
 PUBLIC_LISTINGS = ("/v1/audio/voices", "/v1/audio/models")
 """What `serve --public-listings` answers without the key (GET only): the two lists Open WebUI reads
 without sending its key (docs/integrations.md)."""
@@ -162,8 +164,29 @@ async def _discard_body(receive: Receive, timeout_s: float, max_bytes: int = DRA
         pass
 
 
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _is_json(content_type: str) -> bool:
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+def read_as_json(scope: Scope) -> None:
+    """Give a request whose body the route reads as JSON `Content-Type: application/json`, whatever it
+    was sent with: `curl -d '{...}'` sends application/x-www-form-urlencoded, other clients text/plain
+    or nothing, and FastAPI reads only a JSON Content-Type as JSON. The type sent stays in
+    `scope["state"][SENT_CONTENT_TYPE]`, for the error's message when the body is not JSON after all.
+    (FastAPI's strictness guards against cross-site form posts; `hosts.BrowserGuard` refuses those.)"""
+    sent = Headers(scope=scope).get("content-type")
+    if scope["method"] in _BODY_METHODS and (sent is None or not _is_json(sent)):
+        scope.setdefault("state", {})[SENT_CONTENT_TYPE] = sent or ""
+        MutableHeaders(scope=scope)["content-type"] = "application/json"
+
+
 class BodyLimits:
-    """Bounds an HTTP request body in size (413) and in the time it takes to arrive (408).
+    """Bounds an HTTP request body in size (413) and in the time it takes to arrive (408); a body
+    that is not an upload is read as JSON (`read_as_json`).
 
     The answer goes out at once, with `Connection: close`; from then on the route's `receive`
     says `http.disconnect` and what it sends is dropped, so it ends as if the client had left.
@@ -174,16 +197,17 @@ class BodyLimits:
         self.limits = limits
         self.upload_paths = tuple(upload_paths)
 
-    def limit_for(self, scope: Scope) -> int:
-        if scope["method"] == "POST" and scope["path"].rstrip("/") in self.upload_paths:
-            return self.limits.max_upload_bytes
-        return self.limits.max_body_bytes
+    def is_upload(self, scope: Scope) -> bool:
+        return scope["method"] == "POST" and scope["path"].rstrip("/") in self.upload_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope)
+        upload = self.is_upload(scope)
+        limit = self.limits.max_upload_bytes if upload else self.limits.max_body_bytes
+        if not upload:
+            read_as_json(scope)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.body_timeout_s
         request_headers = Headers(scope=scope)

@@ -3,11 +3,13 @@
 tokens into `WS /v1/text-to-speech/{voice_id}/multi-stream-input`. A thin adapter beside `/v1/ws`:
 each context is one live utterance (`utterance.py`), several may run on one socket.
 
-    WS /v1/text-to-speech/{voice}/multi-stream-input?model_id=...&output_format=pcm_24000[&language_code=en][&seed=N]
+    WS [/elevenlabs]/v1/text-to-speech/{voice}/multi-stream-input?model_id=...[&output_format=pcm_24000]
+        [&language_code=en][&seed=N][&apply_text_normalization=auto|on|off]
 
     client -> server (JSON; `context_id` names a context, "default" when absent)
-    {"text": " ", "context_id": "c1"}                  opens c1 (any first text does; voice_settings and
-                                                       generation_config are accepted and ignored)
+    {"text": " ", "context_id": "c1"}                  opens c1 (any first text does; its voice_settings'
+                                                       speed is honoured, the rest of it and generation_config
+                                                       are accepted and ignored)
     {"text": "Hello there. ", "context_id": "c1"}      text, spoken as soon as its words are complete (a
                                                        context speaks its texts joined, from the first word)
     {"text": "", "context_id": "c1"}                   keeps c1 alive (resets its idle time; opens nothing)
@@ -32,12 +34,17 @@ from the engine's text progress (`alignment.py`), not a forced alignment; charac
 had not reached when the audio ended come in a last message with empty audio.
 
 `voice` is any voice `/v1/audio/voices` lists; `model_id` a served model or alias (ElevenLabs' own
-`eleven_*` ids mean the default model); `output_format` `pcm_8000` ... `pcm_48000` (16-bit mono,
-resampled from 24 kHz), `ulaw_8000` or `alaw_8000` (default `pcm_24000`; ElevenLabs' mp3 and opus
-formats are refused: 400 on HTTP, at the socket's handshake). The key: the `xi-api-key` header,
-`Authorization: Bearer`, or (socket) `?api_key=`. Limits as `/v1/ws` (`protocols/base.py`: message size,
-socket counts, send timeout; each context's text, idle time and length), and at most `MAX_CONTEXTS`
-contexts open on one socket, each holding one of its client's speech places.
+`eleven_*` ids mean the default model); `output_format` one of `OutputFormat.NAMES`: `pcm_8000` ...
+`pcm_48000` (16-bit mono, resampled from 24 kHz), `ulaw_8000`, `alaw_8000`, ElevenLabs' `mp3_<rate>_<kb/s>`
+and `opus_48000_<kb/s>` (base64 of the compressed stream's bytes; the default: `mp3_44100`, 128 kb/s, as
+ElevenLabs' socket documents it; HTTP's is `mp3_44100_128`); anything else is refused (400 on HTTP, at the
+socket's handshake). `apply_text_normalization`: `on` is the speech route's `text_normalization: "auto"`,
+`auto` (ElevenLabs' default) and `off` the text as written (`text_normalization_of`). The key: the
+`xi-api-key` header, `Authorization: Bearer`, or (socket) `?api_key=`. Every ElevenLabs route and socket is
+also served under `/elevenlabs` (`PREFIX`: the base URL that also gives ElevenLabs' `GET /v1/models`).
+Limits as `/v1/ws` (`protocols/base.py`: message size, socket counts, send timeout; each context's text,
+idle time and length), and at most `MAX_CONTEXTS` contexts open on one socket, each holding one of its
+client's speech places.
 """
 
 from __future__ import annotations
@@ -45,14 +52,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import re
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import APIRouter, WebSocket
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, ValidationError
 
-from qwen3_tts_gguf.audio.encoding import G711_MIME_TYPES
+from qwen3_tts_gguf.audio.encoding import G711_MIME_TYPES, MAX_SPEED, MIN_SPEED
 from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult, TextProgress
 
 from api.errors import APIError, invalid_request
@@ -60,6 +67,7 @@ from api.ops.clients import client_of
 from api.protocols.base import CLOSE_POLICY_VIOLATION, SocketConnection, serve_socket
 from api.registry import ModelRegistry
 from api.speaking.alignment import CharTimeline, TimedChars
+from api.speaking.http_body import CONTENT_TYPES
 from api.speaking.plan import LIVE_TEXT, SpeechPlan, speech_body
 from api.speaking.start import plan_request
 from api.speaking.utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
@@ -78,40 +86,122 @@ MAX_CONTEXTS = 5
 """Contexts open at once on one socket (ElevenLabs' own bound)."""
 DEFAULT_CONTEXT = "default"
 MAX_CONTEXT_ID_CHARS = 128
+PREFIX = "/elevenlabs"
+"""Every ElevenLabs route and socket is also served under this prefix (`app.py`): a base URL on which
+`GET /v1/models` answers in ElevenLabs' shape whatever the client sends (docs/integrations.md)."""
 PCM_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 G711 = {"ulaw_8000": "pcmu", "alaw_8000": "pcma"}
-_FORMAT = re.compile(r"pcm_(\d+)")
+CODED = {"mp3_22050_32": 32, "mp3_24000_48": 48, **{f"mp3_44100_{k}": k for k in (32, 64, 96, 128, 192)},
+         "mp3_44100": 128, **{f"opus_48000_{k}": k for k in (32, 64, 96, 128, 192)}}
+"""ElevenLabs' mp3 and opus formats and their kb/s (`mp3_44100`: its socket's documented default)."""
+HTTP_DEFAULT_FORMAT = "mp3_44100_128"
+SOCKET_DEFAULT_FORMAT = "mp3_44100"
+TEXT_NORMALIZATION = {"on": "auto", "auto": "off", "off": "off"}
+"""ElevenLabs' `apply_text_normalization` -> the speech request's `text_normalization`: `on` normalizes;
+`auto` (ElevenLabs' default: "the system decides") is this server's default, the text as written."""
 
 
 @dataclass(frozen=True)
 class OutputFormat:
     """An ElevenLabs `output_format` as this server's encoder makes it."""
 
-    name: str
-    response_format: str  # pcm, pcmu or pcma
-    pcm_rate: int | None  # pcm resampled to this rate (None: the model's own)
-    bytes_per_second: int
+    NAMES: ClassVar[tuple[str, ...]] = (*(f"pcm_{rate}" for rate in PCM_RATES), *G711, *CODED)
 
-    def seconds(self, data: bytes) -> float:
-        """The audio in `data`, in seconds."""
-        return len(data) / self.bytes_per_second
+    name: str
+    response_format: str  # pcm, pcmu, pcma, mp3 or opus
+    out_rate: int | None  # resampled to this rate (None: the model's own)
+    bit_rate: int | None  # mp3's or opus's, bits a second
+    bits_per_second: int  # of the bytes (opus: its bit rate, which varies)
 
     @property
     def content_type(self) -> str:
-        return G711_MIME_TYPES.get(self.response_format, "audio/pcm")
+        return G711_MIME_TYPES.get(self.response_format) or CONTENT_TYPES[self.response_format]
+
+    def clock(self) -> AudioClock:
+        """A new clock of one stream's audio in this format."""
+        return AudioClock(self)
 
     @classmethod
-    def parse(cls, name: str | None, model_rate: int) -> OutputFormat:
-        name = name or f"pcm_{model_rate}"
-        if name in G711:
-            return cls(name, G711[name], None, 8000)
-        match = _FORMAT.fullmatch(name)
-        if match is None or int(match[1]) not in PCM_RATES:
+    def parse(cls, name: str | None, model_rate: int, default: str = HTTP_DEFAULT_FORMAT) -> OutputFormat:
+        """`name` (None: `default`), or APIError 400 `unsupported_output_format` naming what is served."""
+        name = name or default
+        if name not in cls.NAMES:
             raise invalid_request(f"output_format {name[:40]!r} is not served here: use pcm_<rate> (rates "
-                                  f"{', '.join(map(str, PCM_RATES))}), ulaw_8000 or alaw_8000.",
-                                  param="output_format", code="unsupported_output_format")
-        rate = int(match[1])
-        return cls(name, "pcm", None if rate == model_rate else rate, 2 * rate)
+                                  f"{', '.join(map(str, PCM_RATES))}), ulaw_8000, alaw_8000, "
+                                  f"{', '.join(CODED)}.", param="output_format", code="unsupported_output_format")
+        if name in G711:
+            return cls(name, G711[name], None, None, 8 * 8000)
+        codec, rate = name.split("_")[:2]
+        if name in CODED:
+            return cls(name, codec, int(rate), 1000 * CODED[name], 1000 * CODED[name])
+        return cls(name, "pcm", None if int(rate) == model_rate else int(rate), None, 16 * int(rate))
+
+
+class AudioClock:
+    """How much audio each piece of one stream's bytes carries (the character timings' clock): raw and
+    G.711 bytes by their size, mp3 (constant bit rate, no header) by its bit rate, Ogg Opus by the
+    granule position of its last complete page (less the stream's pre-skip)."""
+
+    def __init__(self, audio: OutputFormat):
+        self.audio = audio
+        self._ogg = b""
+        """An Ogg page not yet complete (at most one page: 64 KiB)."""
+        self._ogg_end_s = 0.0
+        self._pre_skip = 0
+
+    def seconds(self, data: bytes) -> float:
+        """The audio in `data`, the stream's next bytes, in seconds."""
+        if self.audio.response_format != "opus":
+            return len(data) * 8 / self.audio.bits_per_second
+        before, self._ogg = self._ogg_end_s, self._ogg + data
+        while len(self._ogg) >= 27 and len(self._ogg) >= (header := 27 + self._ogg[26]):
+            size = header + sum(self._ogg[27:header])
+            if len(self._ogg) < size:
+                break
+            page, self._ogg = self._ogg[:size], self._ogg[size:]
+            if page[header:].startswith(b"OpusHead"):
+                self._pre_skip = int.from_bytes(page[header + 10:header + 12], "little")
+            granule = int.from_bytes(page[6:14], "little", signed=True)  # 48 kHz samples; -1: no packet ends
+            if granule > 0:
+                self._ogg_end_s = max(self._ogg_end_s, (granule - self._pre_skip) / 48000)
+        return self._ogg_end_s - before
+
+
+def text_normalization_of(value: str | None, param: str = "apply_text_normalization") -> str | None:
+    """The speech request's `text_normalization` for ElevenLabs' `apply_text_normalization` (None: not given);
+    APIError 400 naming `param` for a value outside `auto`, `on`, `off`."""
+    if value is None:
+        return None
+    if value not in TEXT_NORMALIZATION:
+        raise invalid_request(f"{param} is auto, on or off.", param=param)
+    return TEXT_NORMALIZATION[value]
+
+
+class VoiceSettings(BaseModel):
+    """ElevenLabs' `voice_settings`: `speed` is honoured (the speech route's atempo, within its domain); the
+    others steer ElevenLabs' own models: accepted within their domain, ignored (`ignored`)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    stability: StrictFloat | None = Field(None, ge=0, le=1)
+    similarity_boost: StrictFloat | None = Field(None, ge=0, le=1)
+    style: StrictFloat | None = Field(None, ge=0, le=1)
+    use_speaker_boost: StrictBool | None = None
+    speed: StrictFloat | None = Field(None, ge=MIN_SPEED, le=MAX_SPEED, description="tempo, pitch kept")
+
+    @property
+    def ignored(self) -> list[str]:
+        """`voice_settings.<name>` of each setting given (not null) but `speed`."""
+        return [f"voice_settings.{name}" for name in self.model_dump(exclude_none=True) if name != "speed"]
+
+
+def speech_fields(voice: str, model_id: str | None, language_code: str | None, apply_text_normalization: str | None,
+                  registry: ModelRegistry) -> dict[str, Any]:
+    """A speech request's fields for what ElevenLabs' routes and sockets name alike (the text, seed and
+    speed are each route's own)."""
+    fields = {"voice": voice, "model": served_model_id(model_id, registry), "language": language_of(language_code)}
+    normalization = text_normalization_of(apply_text_normalization)
+    return fields if normalization is None else {**fields, "text_normalization": normalization}
 
 
 def served_model_id(model_id: str | None, registry: ModelRegistry) -> str:
@@ -145,17 +235,17 @@ class Connection(SocketConnection):
             self.problem = e
 
     def _plan_from_handshake(self) -> tuple[SpeechPlan, OutputFormat]:
-        query, registry = self.ws.query_params, self.state.registry
-        fields: dict[str, Any] = {"voice": self.ws.path_params["voice_id"],
-                                  "model": served_model_id(query.get("model_id"), registry),
-                                  "language": language_of(query.get("language_code"))}
+        query = self.ws.query_params
+        fields = speech_fields(self.ws.path_params["voice_id"], query.get("model_id"), query.get("language_code"),
+                               query.get("apply_text_normalization"), self.state.registry)
         if query.get("seed") is not None:
             if not query["seed"].isdigit():
                 raise invalid_request("seed is a whole number, 0 or more.", param="seed")
             fields["seed"] = int(query["seed"])
         body = speech_body({**fields, "input": LIVE_TEXT, "text_mode": "streaming", "response_format": "pcm"})
         plan = plan_request(self.state, body)
-        return plan, OutputFormat.parse(query.get("output_format"), plan.served.model.sample_rate)
+        return plan, OutputFormat.parse(query.get("output_format"), plan.served.model.sample_rate,
+                                        SOCKET_DEFAULT_FORMAT)
 
     async def run(self) -> None:
         if self.problem is not None:
@@ -208,7 +298,7 @@ class Connection(SocketConnection):
         context = self._context_id(message)
         if not text and context not in self.contexts:
             return  # a keep-alive (Pipecat sends one with no context): it opens nothing
-        utterance = self.contexts.get(context) or await self._open(context)
+        utterance = self.contexts.get(context) or await self._open(context, message.get("voice_settings"))
         if utterance.closed:
             raise invalid_request(f"Context {context!r} was closed: wait for its isFinal, or use another id.",
                                   param="context_id", code="context_closed")
@@ -245,15 +335,16 @@ class Connection(SocketConnection):
         else:
             utterance.cancel()  # nothing to speak: ends at once, with its isFinal
 
-    async def _open(self, context: str) -> Utterance:
+    async def _open(self, context: str, voice_settings: Any) -> Utterance:
         if self.closing:
             raise invalid_request("The socket is closing (close_socket).", param="context_id", code="socket_closing")
         if len(self.contexts) >= MAX_CONTEXTS:
             raise invalid_request(f"At most {MAX_CONTEXTS} contexts may be open on one socket: close one first.",
                                   param="context_id", code="too_many_contexts")
+        speed = _settings(voice_settings).speed or 1.0
         plan = replace(self.plan, request=replace(self.plan.request, text="", text_mode="streaming"))
-        utterance = await open_utterance(client_of(self.ws), self.state, plan, self.format.response_format, 1.0,
-                                         live=True, pcm_rate=self.format.pcm_rate)
+        utterance = await open_utterance(client_of(self.ws), self.state, plan, self.format.response_format, speed,
+                                         live=True, out_rate=self.format.out_rate, bit_rate=self.format.bit_rate)
         self.contexts[context] = utterance
         self.timelines[context] = CharTimeline()
         utterance.pump = asyncio.create_task(self._pump(context, utterance), name=f"11l-pump-{context[:16]}")
@@ -261,7 +352,7 @@ class Connection(SocketConnection):
         return utterance
 
     async def _pump(self, context: str, utterance: Utterance) -> None:
-        timeline = self.timelines[context]
+        timeline, clock = self.timelines[context], self.format.clock()
 
         async def send_audio(data: bytes, timed: TimedChars) -> None:
             alignment = timed.socket_shape()
@@ -272,7 +363,7 @@ class Connection(SocketConnection):
         async def deliver(data: bytes, chunk: AudioChunk | None) -> None:
             # the encoder's tail (chunk None) comes after the engine's result: it carries the rest
             end = spoken_end(chunk.progress if chunk is not None else final_progress(utterance.stream.result))
-            await send_audio(data, timeline.piece(self.format.seconds(data), end))
+            await send_audio(data, timeline.piece(clock.seconds(data), end))
 
         ending = Ending("error")
         try:
@@ -292,6 +383,16 @@ class Connection(SocketConnection):
 
     def _tagged(self, context: str, event: dict[str, Any]) -> dict[str, Any]:
         return event if self.single else {**event, "contextId": context}
+
+
+def _settings(voice_settings: Any) -> VoiceSettings:
+    """A context's `voice_settings` (absent: none), or APIError 400 naming the setting at fault."""
+    try:
+        return VoiceSettings.model_validate(voice_settings or {})
+    except ValidationError as e:
+        loc = ".".join(map(str, e.errors()[0]["loc"]))
+        raise invalid_request(f"Invalid voice_settings{f'.{loc}' if loc else ''}: {e.errors()[0]['msg']}.",
+                              param=f"voice_settings{f'.{loc}' if loc else ''}") from None
 
 
 def final_progress(result: SynthesisResult | None) -> TextProgress | None:

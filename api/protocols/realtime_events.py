@@ -5,7 +5,7 @@ Everything here is pure (no socket, no engine): a client's JSON in, a `SessionCo
 or an APIError naming the field at fault in OpenAI's dotted form (`session.audio.output.voice`).
 Field names and shapes follow openai-python's `types/realtime` (the GA API); the beta API's flat
 fields (`voice`, `output_audio_format`, `modalities`, ...) are answered with `unknown_parameter`
-naming the GA field to use.
+naming the GA field to use, and a beta-shaped session (no `type`) with the GA shape.
 """
 
 from __future__ import annotations
@@ -80,9 +80,21 @@ def new_id(prefix: str) -> str:
 # -- errors -----------------------------------------------------------------------------------------
 
 
+GA_API = "This server speaks the GA Realtime API"
+
+
 def unknown_parameter(param: str, use: str | None = None) -> APIError:
-    hint = f" This server speaks the GA Realtime API: use '{use}'." if use else ""
+    hint = f" {GA_API}: use '{use}'." if use else ""
     return invalid_request(f"Unknown parameter: '{param}'.{hint}", param=param, code="unknown_parameter")
+
+
+def missing_session_type(session: dict) -> APIError:
+    """A session without `type`: what the beta API's clients send (`client.beta.realtime`, flat `voice`,
+    `modalities`, ...), so the message says the GA shape, and where each beta field it has goes."""
+    moves = [f"'session.{name}' goes in 'session.{ga}'" for name, ga in BETA_FIELDS.items() if name in session]
+    return invalid_request(f"Missing required parameter: 'session.type'. {GA_API}: 'session.type' is required "
+                           f"(\"realtime\"){'; ' + ', '.join(moves) if moves else ''}.", param="session.type",
+                           code="missing_required_parameter")
 
 
 def unsupported(param: str | None, message: str) -> APIError:
@@ -267,8 +279,7 @@ def updated_session(config: SessionConfig, session: Any) -> tuple[SessionConfig,
     session = _object(session, "session")
     kind = session.get("type")
     if kind is None:
-        raise invalid_request("Missing required parameter: 'session.type' (\"realtime\").", param="session.type",
-                              code="missing_required_parameter")
+        raise missing_session_type(session)
     if kind == "transcription":
         raise unsupported("session.type", "Transcription sessions are not offered: this server speaks text "
                                           "(session.type must be \"realtime\").")

@@ -100,7 +100,8 @@ PROTOCOLS: tuple[Protocol, ...] = (
              features=["input_text_buffer", "audio/pcm", "audio/pcmu", "audio/pcma", "progress",
                        "text_normalization"]),
     Protocol(name="elevenlabs-multi-context", path=elevenlabs.PATH, subprotocol=None, version="v1",
-             features=["contexts", "stream-input", "http", "pcm_8000-48000", "ulaw_8000", "alaw_8000"]),
+             features=["contexts", "stream-input", "http", "with-timestamps", "pcm_8000-48000", "ulaw_8000",
+                       "alaw_8000", "mp3", "opus", "voices", "models", "speed", "apply_text_normalization"]),
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi import APIRouter, Request, Response
 
@@ -15,11 +15,13 @@ from api.schemas import SpeechRequest, speech_sse_openapi
 from api.speaking.http_body import (
     CONTENT_TYPES,
     SSE_CONTENT_TYPE,
+    WHOLE_FILE_FORMATS,
     SpeechResponse,
     SpeechStream,
     UsageAccounting,
     audio_body,
     sse_body,
+    whole_body,
 )
 from api.speaking.start import open_speech, plan_request
 from api.speaking.usage import key_id, usage_log
@@ -33,7 +35,8 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the re
 
 
 @router.post("/v1/audio/speech", response_class=Response, responses={
-    200: {"description": "the audio file, chunked (`response_format`); or SSE events (`stream_format: sse`)",
+    200: {"description": "the audio file, chunked as it is encoded (`response_format`; flac: sent whole, with "
+                         "Content-Length); or SSE events (`stream_format: sse`)",
           "content": {**{t: {"schema": {"type": "string", "format": "binary"}} for t in CONTENT_TYPES.values()},
                       SSE_CONTENT_TYPE: speech_sse_openapi()},
           "headers": {name: {"description": description, "required": required, "schema": {"type": "string"}}
@@ -49,25 +52,28 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the re
 async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """Speak `input` with `voice`, streaming the `response_format` file (or SSE events) as it is made.
 
-    Headers are sent with the first audio, so errors before it have real status codes; later
-    errors abort the connection (audio) or arrive as an `error` event (SSE).
+    Headers are sent with the first audio (a FLAC file: once it is whole), so errors before it have
+    real status codes; later errors abort the connection (audio) or arrive as an `error` event (SSE).
     """
     return await respond(request, body, body.response_format, CONTENT_TYPES[body.response_format])
 
 
 async def respond(request: Request, body: SpeechRequest, audio_format: str, content_type: str,
-                  pcm_rate: int | None = None,
+                  out_rate: int | None = None, bit_rate: int | None = None,
+                  ignored_fields: Sequence[str] | None = None,
                   shape: Callable[[SpeechStream], AsyncIterator[bytes]] = audio_body) -> Response:
     """The speech route's response for `body`, its audio encoded as `audio_format` (a speech-route format,
-    or G.711; `pcm_rate`: pcm at that rate) and sent as `content_type`, in the body `shape` makes of the
-    stream (the audio itself by default): what every HTTP route that speaks (`elevenlabs.py` too) answers
-    with."""
+    or G.711; `out_rate`, `bit_rate`: as `open_speech` takes them) and sent as `content_type`, in the body
+    `shape` makes of the stream (the audio itself by default): what every HTTP route that speaks
+    (`elevenlabs.py` too) answers with. `ignored_fields`: what the client sent that is not honoured
+    (default: `body`'s unknown fields), named in `x-qwen3tts-ignored-fields`."""
     state = get_state(request)
     received_at = getattr(request.state, "received_at", None) or time.monotonic()
-    plan = plan_request(state, body)
+    plan = plan_request(state, body, ignored_fields)
     if plan.voice.instructions_ignored:
         log.info("instructions ignored: model %s cannot take them", plan.served.id)
-    opened = await open_speech(state, plan, audio_format, body.speed, client=client_of(request), pcm_rate=pcm_rate)
+    opened = await open_speech(state, plan, audio_format, body.speed, client=client_of(request), out_rate=out_rate,
+                               bit_rate=bit_rate)
     speech = SpeechStream(plan.served.id, opened.stream, opened.encoder,
                           plan.served.model.sample_rate, state.metrics, received_at, characters=len(body.input),
                           accounting=_accounting(request, state.config, body, plan.voice.label),
@@ -78,6 +84,12 @@ async def respond(request: Request, body: SpeechRequest, audio_format: str, cont
         timeout = state.config.limits.send_timeout_s
         if body.stream_format == "sse":
             return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers(), timeout)
+        if audio_format in WHOLE_FILE_FORMATS and shape is audio_body:
+            data = await speech.whole_file(request.receive)
+            if data is None:
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            return SpeechResponse(speech, whole_body(data), content_type,
+                                  {**plan.headers(), "Content-Length": str(len(data))}, timeout)
         return SpeechResponse(speech, shape(speech), content_type, plan.headers(), timeout)
     except BaseException:
         speech.close()

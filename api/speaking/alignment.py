@@ -10,7 +10,7 @@ interruption), not for lip sync.
 
     socket (per message, from the message's audio start):
         {"chars": [...], "charStartTimesMs": [...], "charDurationsMs": [...]}
-    HTTP with timestamps (from the start of the response's audio):
+    HTTP with timestamps (from the start of the response's audio; per line, or the whole text at once):
         {"characters": [...], "character_start_times_seconds": [...], "character_end_times_seconds": [...]}
 """
 
@@ -29,6 +29,12 @@ class TimedChars:
     ends: list[float]
     piece_start: float
     """Where the audio piece they came with starts."""
+
+    @classmethod
+    def joined(cls, pieces: list[TimedChars]) -> TimedChars:
+        """The characters of consecutive pieces as one (from the first piece's start)."""
+        return cls("".join(p.chars for p in pieces), [t for p in pieces for t in p.starts],
+                   [t for p in pieces for t in p.ends], pieces[0].piece_start if pieces else 0.0)
 
     def socket_shape(self) -> dict[str, Any] | None:
         """ElevenLabs' socket alignment (milliseconds from the piece's start; the durations add up to

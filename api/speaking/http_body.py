@@ -7,7 +7,10 @@ Lifecycle of one speech response:
    that wait (queued behind other requests, say) cancels its engine stream.
 2. The body (`audio_body`: the file's bytes; `sse_body`: events) encodes every AudioChunk with the
    request's one StreamingEncoder, in a worker thread so the event loop never encodes, and yields
-   bytes as soon as the encoder has any.
+   bytes as soon as the encoder has any. A format whose header must know the length
+   (`WHOLE_FILE_FORMATS`: FLAC) is sent whole instead, in audio mode: `SpeechStream.whole_file`
+   encodes it all before any header, writes the final header over the streamed one, and the
+   response carries `Content-Length`; a failure before it is complete is still a real status.
 3. `SpeechResponse` releases the stream whatever happens. A client that disconnects cancels the
    engine stream (the engine frees the slot at its next iteration); the encoder is closed. The
    release also writes the stream's usage-log line (`--usage-log`, `api/speaking/usage.py`), every outcome.
@@ -28,16 +31,18 @@ import base64
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TypeVar
 
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from qwen3_tts_gguf.engine.request import AudioChunk, TextProgress
+from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult, TextProgress
 from qwen3_tts_gguf.engine.scheduler import Stream
 
-from api.errors import SERVER_ERROR, error_body, synthesis_failed, unavailable
+from api.errors import SERVER_ERROR, APIError, error_body, synthesis_failed, unavailable
 from api.ops import logs
 from api.ops.metrics import Metrics, real_time_factor
 from api.schemas import Usage
@@ -58,6 +63,12 @@ CONTENT_TYPES = {
     "pcm": "audio/pcm",
 }
 SSE_CONTENT_TYPE = "text/event-stream"
+WHOLE_FILE_FORMATS = ("flac",)
+"""Formats sent whole in audio mode, not as they are encoded: a streamed FLAC's STREAMINFO cannot say
+its length (nor its MD5), and libsndfile (soundfile, sox, Audacity) refuses a FLAC without it; FLAC of
+speech is small. Their SSE deltas (and socket frames) still stream, header unknown (api/README.md)."""
+WHOLE_FILE_PIECE = 64 * 1024
+"""A whole file leaves in pieces of this many bytes, so `send_timeout_s` bounds each send, not the file's."""
 STREAMING_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _ENDED_BADLY = ("error", "cancelled")
 
@@ -127,18 +138,12 @@ class SpeechStream:
 
         Raises APIError 500/503 when the stream ended badly before any audio.
         """
-        first = asyncio.ensure_future(self._next())
-        gone = asyncio.ensure_future(_client_gone(receive))
         try:
-            await asyncio.wait((first, gone), return_when=asyncio.FIRST_COMPLETED)
+            first = await _unless_client_leaves(self._next(), receive)
         except BaseException:  # the server is shutting down this request
             self.close()
             raise
-        finally:
-            gone.cancel()
-            if not first.done():
-                first.cancel()
-        if not first.done() or first.cancelled():
+        if first is None:
             self.close()
             return False
         try:
@@ -146,39 +151,65 @@ class SpeechStream:
         except BaseException:
             self.close()
             raise
-        if self._first is None:
-            result = self._stream.result
-            if result.finish_reason in _ENDED_BADLY:
-                self.close()
-                if result.retryable:
-                    raise unavailable("The engine failed before this request was served; retry.", retry_after_s=1)
-                if result.finish_reason == "error":
-                    raise synthesis_failed(result.error or "unknown error")
-                raise unavailable("The engine stopped before this request was served; retry.", retry_after_s=1)
+        if self._first is None and self._stream.result.finish_reason in _ENDED_BADLY:
+            self.close()
+            raise _unserved(self._stream.result)
         return True
 
     async def audio_pieces(self) -> AsyncIterator[bytes]:
         """The encoded file piece by piece; SynthesisAborted if the engine fails part-way."""
         try:
-            chunk, self._first = self._first, None
-            while chunk is not None:
-                self._samples += len(chunk.samples)
-                self._frames += chunk.n_frames
-                data = await self._encoder.encode(chunk.samples)
-                if data:
-                    self._last_chunk = chunk
-                    yield self._sending(data)
-                chunk = await self._next()
-            result = self._stream.result
-            if result.finish_reason in _ENDED_BADLY:
-                raise SynthesisAborted(f"synthesis {result.finish_reason} after {result.frames} frames"
-                                       + (f": {result.error}" if result.error else ""))
-            tail = await self._encoder.finish()
-            if tail:
-                self._last_chunk = None
-                yield self._sending(tail)
+            async for piece in self._encoded():
+                yield self._sending(piece)
         finally:
             self.close()
+
+    async def whole_file(self, receive: Receive) -> bytes | None:
+        """The whole encoded file, its header made final (`StreamingEncoder.final_header`: a FLAC's
+        length and MD5); None when the client left first. Nothing has been sent yet, so the engine
+        failing part-way is an APIError (500/503) here. Its first audio is when the file is whole."""
+        async def joined() -> bytearray:
+            data = bytearray()
+            async with aclosing(self._encoded()) as pieces:
+                async for piece in pieces:
+                    data += piece
+            return data
+
+        try:
+            done = await _unless_client_leaves(joined(), receive)
+            if done is None:
+                return None
+            try:
+                data = done.result()
+            except SynthesisAborted:
+                raise _unserved(self._stream.result) from None
+            if (header := self._encoder.final_header()) is not None:
+                offset, final = header
+                data[offset:offset + len(final)] = final
+            return self._sending(bytes(data))
+        finally:
+            self.close()
+
+    async def _encoded(self) -> AsyncIterator[bytes]:
+        """The encoder's bytes as the engine's chunks come (usage counted); SynthesisAborted if the engine
+        fails part-way."""
+        chunk, self._first = self._first, None
+        while chunk is not None:
+            self._samples += len(chunk.samples)
+            self._frames += chunk.n_frames
+            data = await self._encoder.encode(chunk.samples)
+            if data:
+                self._last_chunk = chunk
+                yield data
+            chunk = await self._next()
+        result = self._stream.result
+        if result.finish_reason in _ENDED_BADLY:
+            raise SynthesisAborted(f"synthesis {result.finish_reason} after {result.frames} frames"
+                                   + (f": {result.error}" if result.error else ""))
+        tail = await self._encoder.finish()
+        if tail:
+            self._last_chunk = None
+            yield tail
 
     def progress_after_piece(self) -> dict | None:
         """The progress event's fields for the audio sent up to the piece just yielded (asked and known)."""
@@ -244,9 +275,42 @@ async def _client_gone(receive: Receive) -> None:
         pass
 
 
+T = TypeVar("T")
+
+
+async def _unless_client_leaves(work: Awaitable[T], receive: Receive) -> asyncio.Future[T] | None:
+    """Run `work` until it ends or the client disconnects: its finished future (result or exception),
+    or None when the client left first (`work` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    return task if task.done() and not task.cancelled() else None
+
+
+def _unserved(result: SynthesisResult) -> APIError:
+    """The status of a stream that ended badly before any of its bytes were sent: 503 when a retry can
+    succeed (the engine restarted or stopped), else 500."""
+    if result.retryable:
+        return unavailable("The engine failed before this request was served; retry.", retry_after_s=1)
+    if result.finish_reason == "error":
+        return synthesis_failed(result.error or "unknown error")
+    return unavailable("The engine stopped before this request was served; retry.", retry_after_s=1)
+
+
 def audio_body(speech: SpeechStream) -> AsyncIterator[bytes]:
     """`stream_format: "audio"`: the file itself, chunked."""
     return speech.audio_pieces()
+
+
+async def whole_body(data: bytes) -> AsyncIterator[bytes]:
+    """A whole file (`SpeechStream.whole_file`) as a body, in `WHOLE_FILE_PIECE` pieces."""
+    for start in range(0, len(data), WHOLE_FILE_PIECE):
+        yield data[start:start + WHOLE_FILE_PIECE]
 
 
 async def sse_body(speech: SpeechStream) -> AsyncIterator[bytes]:

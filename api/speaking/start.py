@@ -52,12 +52,14 @@ class OpenedSpeech:
 
 
 async def open_speech(state: AppState, plan: SpeechPlan, response_format: str, speed: float = 1.0, *,
-                      client: Client | None = None, live: bool = False, pcm_rate: int | None = None) -> OpenedSpeech:
-    """Start `plan` on its engine with an encoder for `response_format` (`pcm_rate`: pcm resampled to that
-    rate; `speed`: atempo). `live`: a streaming-text stream whose text comes later (`Stream.push_text`).
+                      client: Client | None = None, live: bool = False, out_rate: int | None = None,
+                      bit_rate: int | None = None) -> OpenedSpeech:
+    """Start `plan` on its engine with an encoder for `response_format` (`out_rate`: pcm, mp3 or opus
+    resampled to that rate; `bit_rate`: mp3's or opus's; `speed`: atempo). `live`: a streaming-text stream whose text comes later (`Stream.push_text`).
     `client` holds one of its speech places while the stream lives. The encoder is closed if the start
     fails; engine refusals are APIErrors (see `start_stream`)."""
-    encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed, pcm_rate=pcm_rate)
+    encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed, out_rate=out_rate,
+                               bit_rate=bit_rate)
     live_request = replace(plan.request, text="", text_mode="streaming") if live else None
     try:
         stream = await start_stream(plan, live_request, client=client)
@@ -84,6 +86,10 @@ class OffloadedEncoder:
 
     async def finish(self) -> bytes:
         return await self._run(self._encoder.finish)
+
+    def final_header(self) -> tuple[int, bytes] | None:
+        """`StreamingEncoder.final_header` (after `finish`: no encoder call runs any more)."""
+        return self._encoder.final_header()
 
     def close(self) -> None:
         if self._last is None:

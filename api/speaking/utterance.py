@@ -175,12 +175,14 @@ class Ending:
 
 
 async def open_utterance(client: Client | None, state: AppState, plan: SpeechPlan, response_format: str,
-                         speed: float, *, live: bool, progress: bool = False, pcm_rate: int | None = None) -> Utterance:
+                         speed: float, *, live: bool, progress: bool = False, out_rate: int | None = None,
+                         bit_rate: int | None = None) -> Utterance:
     """Start `plan` on its engine (`live`: text comes later by `push`) with an encoder for
-    `response_format` (`pcm_rate`: pcm resampled to that rate); the socket's `client`
+    `response_format` (`out_rate`, `bit_rate`: as `open_speech` takes them); the socket's `client`
     (`clients.client_of`) holds one of its speech places until the stream ends. `progress`: the
     protocol sends text-progress events."""
-    opened = await open_speech(state, plan, response_format, speed, client=client, live=live, pcm_rate=pcm_rate)
+    opened = await open_speech(state, plan, response_format, speed, client=client, live=live, out_rate=out_rate,
+                               bit_rate=bit_rate)
     now = time.monotonic()
     return Utterance(id=uuid.uuid4().hex, plan=plan, stream=opened.stream,
                      encoder=opened.encoder, response_format=response_format,

@@ -11,14 +11,17 @@ One rule turns float samples into 16-bit integers everywhere (`to_s16`), so `pcm
   mp3    MPEG Layer III, libmp3lame CBR, no ID3/Xing   audio/mpeg
   opus   Opus (libopus) in Ogg, one page per ~20 ms    audio/ogg
   aac    AAC-LC (FFmpeg native) in ADTS framing        audio/aac
-  flac   FLAC stream (STREAMINFO length = 0, unknown)  audio/flac
+  flac   FLAC stream (STREAMINFO length = 0, unknown;  audio/flac
+         `final_header` after `finish`: the true one)
   wav    44-byte RIFF header with 0xFFFFFFFF sizes     audio/wav
          (the streaming convention), then s16le
   pcm    raw s16le mono, no header                     audio/pcm
   =====  ===========================================  ==============
 
   The compressed formats are muxed by PyAV (bundled FFmpeg) into a write-only sink, so the muxers
-  never seek back and every byte can leave as soon as it is written.
+  never seek back and every byte can leave as soon as it is written. A FLAC's STREAMINFO (total
+  samples, frame sizes, MD5) is known only at the end: `final_header()` gives it then, for whoever
+  holds the whole file (`AudioFileWriter`, the speech route's FLAC) to write over the streamed one.
 
 - G.711 for telephony and OpenAI's Realtime API (`G711_FORMATS`, not speech-route formats): `pcmu`
   (mu-law) and `pcma` (A-law), 8 kHz, one byte per sample, no header. The encoder resamples its
@@ -112,7 +115,15 @@ _CODECS: dict[str, tuple[str, str, str, int | None, dict[str, str]]] = {
     "flac": ("flac", "flac", "s16", None, {"metadata_header_padding": "0"}),
 }
 
+_RESAMPLED = ("pcm", "mp3", "opus")
+"""Formats `StreamingEncoder` writes at another rate than its input's (`out_rate`)."""
+_BIT_RATES = {"mp3": (8_000, 320_000), "opus": (6_000, 510_000)}
+"""Formats whose bit rate a caller may choose, and its bounds (those of libmp3lame and libopus)."""
+
 _WAV_UNKNOWN_SIZE = 0xFFFFFFFF
+_FLAC_STREAMINFO_AT, _FLAC_STREAMINFO_BYTES = 8, 34
+"""A FLAC file: "fLaC", the 4-byte header of its first metadata block, which is always STREAMINFO
+(34 bytes: block sizes, frame sizes, rate, channels, bits, the 36-bit total samples, the MD5 of the samples)."""
 
 
 def to_s16(samples: np.ndarray) -> np.ndarray:
@@ -374,29 +385,40 @@ class StreamingEncoder:
 
     Args:
         format: one of `FORMATS`, or of `G711_FORMATS` (8 kHz output whatever the input rate).
-        sample_rate: rate of the incoming float chunks (and of the output, but for G.711; opus
-            accepts 8/12/16/24/48 kHz).
+        sample_rate: rate of the incoming float chunks (and of the output, but for G.711 and
+            `out_rate`).
         speed: tempo factor in [0.25, 4.0] (pitch kept); 1.0 = unchanged.
-        pcm_rate: `pcm` only: the output's rate, resampled from `sample_rate` (soxr); None: the same.
+        out_rate: `pcm`, `mp3` or `opus`: the output's rate, resampled from `sample_rate` (soxr);
+            None: the same. mp3 takes 8-48 kHz (MPEG's rates), opus 8/12/16/24/48 kHz.
+        bit_rate: `mp3` or `opus`: bits a second; None: the format's own (64 / 32 kb/s).
 
     Not thread-safe; use one encoder per request. ValueError on a bad format, rate or speed.
     """
 
     def __init__(self, format: str, sample_rate: int = SAMPLE_RATE, speed: float = 1.0,
-                 pcm_rate: int | None = None) -> None:
+                 out_rate: int | None = None, bit_rate: int | None = None) -> None:
         self.format = format if format in G711_FORMATS else _check_format(format)
         self.sample_rate = int(sample_rate)
         if self.sample_rate <= 0:
             raise ValueError(f"sample_rate must be positive, got {sample_rate!r}")
-        if pcm_rate is not None and (format != "pcm" or not 8000 <= pcm_rate <= 192000):
-            raise ValueError(f"pcm_rate is for pcm output at 8000-192000 Hz, got {pcm_rate!r} for {format}")
-        self._pcm_rate = _RateChange(self.sample_rate, pcm_rate) if pcm_rate else None
+        if out_rate is not None and (format not in _RESAMPLED or not 8000 <= out_rate <= 192000):
+            raise ValueError(f"out_rate is for {', '.join(_RESAMPLED)} output at 8000-192000 Hz, "
+                             f"got {out_rate!r} for {format}")
+        if bit_rate is not None and (format not in _BIT_RATES or not _BIT_RATES[format][0] <= bit_rate
+                                     <= _BIT_RATES[format][1]):
+            raise ValueError(f"bit_rate is for {', '.join(_BIT_RATES)} output within their bounds, "
+                             f"got {bit_rate!r} for {format}")
+        self.out_rate = int(out_rate or self.sample_rate)
+        self._bit_rate = bit_rate
+        self._pcm_rate = _RateChange(self.sample_rate, self.out_rate) if out_rate else None
+        self._out_samples = 0  # samples handed to a codec, at out_rate (its frames' timestamps)
         self.speed = _check_speed(speed)
         self.mime_type = G711_MIME_TYPES.get(format) or MIME_TYPES[format]
         self._g711 = _G711(format, self.sample_rate) if format in G711_FORMATS else None
         self._samples = 0
         self._finished = False
         self._header_sent = False
+        self._final_header: tuple[int, bytes] | None = None
         factors = atempo_factors(self.speed)
         self._tempo = _Tempo(factors, self.sample_rate) if factors else None
         self._container = self._stream = self._sink = None
@@ -406,16 +428,16 @@ class StreamingEncoder:
     def _open_codec(self) -> None:
         container_format, codec, sample_format, bit_rate, options = _CODECS[self.format]
         rates = av.codec.Codec(codec, "w").audio_rates
-        if rates and self.sample_rate not in rates:
+        if rates and self.out_rate not in rates:
             raise ValueError(
-                f"{self.format} cannot encode at {self.sample_rate} Hz; supported: {sorted(rates)}"
+                f"{self.format} cannot encode at {self.out_rate} Hz; supported: {sorted(rates)}"
             )
         self._sink = _WriteOnlySink()
         self._container = av.open(self._sink, "w", format=container_format, options=options)
-        stream = self._container.add_stream(codec, rate=self.sample_rate, layout="mono")
+        stream = self._container.add_stream(codec, rate=self.out_rate, layout="mono")
         stream.format = sample_format
-        if bit_rate:
-            stream.bit_rate = bit_rate
+        if self._bit_rate or bit_rate:
+            stream.bit_rate = self._bit_rate or bit_rate
         self._stream = stream
 
     @property
@@ -444,15 +466,31 @@ class StreamingEncoder:
         if self._g711 is not None:
             out += self._g711.flush()
         if self._pcm_rate is not None:
-            out += self._pcm_rate.flush().astype("<i2", copy=False).tobytes()
+            rest = self._pcm_rate.flush()
+            out += self._encode_frame(rest) if self._container is not None else rest.astype("<i2").tobytes()
         self._finished = True
         if self._container is not None:
             for packet in self._stream.encode(None):
+                # FFmpeg's FLAC encoder hands its final STREAMINFO on with its last packet (its codec
+                # context's extradata is rewritten again after that, with an MD5 finalized twice)
+                if self.format == "flac" and packet.has_sidedata("new_extradata"):
+                    streaminfo = bytes(packet.get_sidedata("new_extradata"))
+                    if len(streaminfo) == _FLAC_STREAMINFO_BYTES:
+                        self._final_header = (_FLAC_STREAMINFO_AT, streaminfo)
                 self._container.mux(packet)
             self._container.close()
             out += self._sink.take()
         self._release()
         return out
+
+    def final_header(self) -> tuple[int, bytes] | None:
+        """After `finish()`: the header the output would have had if its length had been known when it
+        began, as (offset, bytes) to write over the output there; None when there is nothing to write.
+
+        FLAC: the STREAMINFO with the total samples, frame sizes and MD5 (0 in the streamed one, which
+        readers that size their output from it, libsndfile among them, refuse).
+        """
+        return self._final_header
 
     def close(self) -> None:
         """Drop the encoder without flushing (e.g. the client went away)."""
@@ -478,33 +516,23 @@ class StreamingEncoder:
         self._samples += len(s16)
         if self._g711 is not None:
             return self._g711.encode(s16)
+        if self._pcm_rate is not None:
+            s16 = self._pcm_rate.process(s16)
         if self._container is None:  # wav / pcm
-            if self._pcm_rate is not None:
-                s16 = self._pcm_rate.process(s16)
             return header + s16.astype("<i2", copy=False).tobytes()
+        return self._encode_frame(s16)
+
+    def _encode_frame(self, s16: np.ndarray) -> bytes:
+        if not len(s16):
+            return b""
         frame = av.AudioFrame.from_ndarray(s16[None, :], format="s16", layout="mono")
-        frame.sample_rate = self.sample_rate
-        frame.time_base = Fraction(1, self.sample_rate)
-        frame.pts = self._samples - len(s16)
+        frame.sample_rate = self.out_rate
+        frame.time_base = Fraction(1, self.out_rate)
+        frame.pts = self._out_samples
+        self._out_samples += len(s16)
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
         return self._sink.take()
-
-
-def _patch_flac_total_samples(f: BinaryIO, num_samples: int) -> None:
-    """Write the total-samples field of a streamed FLAC's STREAMINFO (0 = unknown there).
-
-    libsndfile refuses a FLAC whose length is unknown; FFmpeg does not care. STREAMINFO is the
-    first metadata block: "fLaC", 4-byte block header, then 34 bytes in which the 36-bit total
-    sample count sits at bit 108 (low nibble of byte 21 of the file, then bytes 22-25).
-    """
-    f.seek(0)
-    head = f.read(26)
-    if len(head) < 26 or head[:4] != b"fLaC" or head[4] & 0x7F != 0:
-        return
-    n = min(num_samples, (1 << 36) - 1)
-    f.seek(21)
-    f.write(bytes([(head[21] & 0xF0) | (n >> 32)]) + struct.pack(">I", n & 0xFFFFFFFF))
 
 
 class AudioFileWriter:
@@ -620,8 +648,9 @@ class AudioFileWriter:
             size = self._file.seek(0, os.SEEK_END)
             self._file.seek(0)
             self._file.write(wav_header(self._encoder.sample_rate, (size - 44) // 2))
-        elif self.format == "flac":
-            _patch_flac_total_samples(self._file, self._encoder.num_samples)
+        elif (header := self._encoder.final_header()) is not None:
+            self._file.seek(header[0])
+            self._file.write(header[1])
         self._file.close()
         os.replace(self._tmp, self.path)
         self._tmp = None
