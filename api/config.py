@@ -88,16 +88,17 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool = True) -> EngineSettings:
     """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
     --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap, --codec-threads,
-    --heap-map-threshold, --codec-runtime, --prefix-cache). The device settings are checked
+    --heap-map-threshold, --cp-runtime, --codec-runtime, --prefix-cache). The device settings are checked
     against this installation (`qwen3_tts_gguf.runtime.devices`): ValueError (DeviceError) when GPU layers are
     asked of a llama.cpp without a GPU backend or device, or --device names a provider not installed;
     the resolved plan is logged."""
     gpu_layers, device = getattr(args, "gpu_layers", 0) or 0, getattr(args, "device", None) or "cpu"
     codec_runtime = getattr(args, "codec_runtime", None) or EngineSettings.codec_runtime
+    cp_runtime = getattr(args, "cp_runtime", None) or EngineSettings.cp_runtime
     if check_devices:
         from qwen3_tts_gguf.doctor import check_device_settings
 
-        plan = check_device_settings(gpu_layers, device, codec_runtime, args.deterministic)
+        plan = check_device_settings(gpu_layers, device, codec_runtime, args.deterministic, cp_runtime=cp_runtime)
         logging.getLogger("api.server").info("devices: %s", plan)
     return EngineSettings(threads=args.threads, max_streams=args.max_streams, max_pending=args.max_queue,
                           max_pending_live=args.max_live_waiting, max_buffered_audio_s=args.max_buffered_audio_s,
@@ -107,5 +108,5 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
                           codec_overlap=not getattr(args, "no_codec_overlap", False),
                           codec_threads=getattr(args, "codec_threads", None) or 0,
                           heap_map_threshold=getattr(args, "heap_map_threshold", EngineSettings.heap_map_threshold),
-                          codec_runtime=codec_runtime,
+                          codec_runtime=codec_runtime, cp_runtime=cp_runtime,
                           prefix_cache=getattr(args, "prefix_cache", EngineSettings.prefix_cache))

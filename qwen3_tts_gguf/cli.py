@@ -24,15 +24,20 @@ class CliError(Exception):
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from qwen3_tts_gguf.convert.checkpoint import CheckpointError
-    from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
+    from qwen3_tts_gguf.convert.pipeline import add_llama_stages, convert_checkpoint
     from qwen3_tts_gguf.convert.verify import VerificationError
+    from qwen3_tts_gguf.model.manifest import ModelFolderError
 
     try:
+        if args.only_llama_stages:  # without --preset: the formats of the preset the folder was converted with
+            add_llama_stages(args.hf_dir, args.output, _llama_stages_format(args) if args.preset else None,
+                             overwrite=args.force, verify=not args.no_verify)
+            return 0
         quant, cp_precision = _weight_formats(args)
         convert_checkpoint(args.hf_dir, args.output, quant, name=args.name, cp_precision=cp_precision,
-                           cp_block_size=args.cp_block_size, overwrite=args.force, verify=not args.no_verify,
-                           threads=args.threads)
-    except (CheckpointError, VerificationError) as e:
+                           cp_block_size=args.cp_block_size, llama_stages=_llama_stages_format(args),
+                           overwrite=args.force, verify=not args.no_verify, threads=args.threads)
+    except (CheckpointError, VerificationError, ModelFolderError) as e:
         raise CliError(str(e)) from e
     except OSError as e:
         raise CliError(_os_message(e)) from e
@@ -221,7 +226,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     profile = _find_profile(args.voice, args.voices_dir, args.model)
     folder = args.model or (model_for_profile(profile) if profile else resolve_model_dir(None))
     try:
-        print(check_device_settings(args.gpu_layers, args.device, args.codec_runtime), file=sys.stderr)
+        print(check_device_settings(args.gpu_layers, args.device, args.codec_runtime,
+                                    cp_runtime=args.cp_runtime), file=sys.stderr)
     except DeviceError as e:
         raise CliError(str(e)) from e
     try:
@@ -230,7 +236,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                                                    n_ctx=args.n_ctx or 0, codec_overlap=not args.no_codec_overlap,
                                                    codec_threads=args.codec_threads or 0,
                                                    heap_map_threshold=args.heap_map_threshold,
-                                                   codec_runtime=args.codec_runtime))
+                                                   codec_runtime=args.codec_runtime, cp_runtime=args.cp_runtime))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -334,7 +340,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     try:
         source = args.from_dir or download_checkpoint(args.repo_id, args.source)
         convert_checkpoint(source, out, quant, cp_precision=cp_precision, cp_block_size=args.cp_block_size,
-                           overwrite=args.force)
+                           llama_stages=_llama_stages_format(args), overwrite=args.force)
     except (DownloadError, CheckpointError, VerificationError) as e:
         raise CliError(str(e)) from e
     except OSError as e:
@@ -357,10 +363,11 @@ def _add_weight_args(p: argparse.ArgumentParser) -> None:
     from qwen3_tts_gguf.convert.presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS, DEFAULT_PRESET, PRESETS
     from qwen3_tts_gguf.convert.talker_gguf import QUANTS
 
-    p.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET,
-                   help="weight formats chosen together: " + "; ".join(f"{name}: {preset.summary}"
-                                                                       for name, preset in PRESETS.items())
-                        + " (default %(default)s)")
+    p.add_argument("--preset", choices=list(PRESETS),
+                   help="weight formats chosen together: " + "; ".join(
+                       f"{name}: {preset.summary} (llama stages: code predictor {preset.llama_stages.code_predictor}, "
+                       f"codec {preset.llama_stages.codec})" for name, preset in PRESETS.items())
+                        + f" (default {DEFAULT_PRESET})")
     p.add_argument("--quant", choices=QUANTS, help="talker weight format (default: the preset's; f32 is exact)")
     p.add_argument("--cp-precision", choices=CP_PRECISIONS,
                    help="code predictor weights (default: the preset's; int8 is ~2-3x faster than fp32, the "
@@ -371,9 +378,16 @@ def _add_weight_args(p: argparse.ArgumentParser) -> None:
 
 
 def _weight_formats(args: argparse.Namespace) -> tuple[str, str]:
-    from qwen3_tts_gguf.convert.presets import weight_formats
+    from qwen3_tts_gguf.convert.presets import DEFAULT_PRESET, weight_formats
 
-    return weight_formats(args.preset, args.quant, args.cp_precision)
+    return weight_formats(args.preset or DEFAULT_PRESET, args.quant, args.cp_precision)
+
+
+def _llama_stages_format(args: argparse.Namespace):
+    """The llama stages file's formats: --preset's (the default preset's without one)."""
+    from qwen3_tts_gguf.convert.presets import DEFAULT_PRESET, PRESETS
+
+    return PRESETS[args.preset or DEFAULT_PRESET].llama_stages
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -381,7 +395,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     from qwen3_tts_gguf.doctor import report
 
-    r = report(args.gpu_layers, args.device)
+    r = report(args.gpu_layers, args.device, args.cp_runtime, args.codec_runtime)
     if args.json:
         from dataclasses import asdict
 
@@ -406,6 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-verify", action="store_true", help="skip the self-check of the written graphs")
     p.add_argument("--threads", **threads_flag("threads for quantization"))
+    p.add_argument("--only-llama-stages", action="store_true",
+                   help="add the llama stages file (llama.cpp's code predictor and codec) to the model folder -o, "
+                        "converted from HF_DIR before that file existed, and leave its other files as they are "
+                        "(--force writes it again; without --preset: the formats the folder was converted with)")
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("make-random", help="write a random-weight checkpoint in the real layout (numpy only)")

@@ -18,24 +18,45 @@ from qwen3_tts_gguf.runtime.devices import (
 )
 
 
-def check_device_settings(gpu_layers: int, device: str, codec_runtime: str = "onnxruntime",
-                          deterministic: bool = False) -> str:
+def check_device_settings(gpu_layers: int, device: str, codec_runtime: str = "auto",
+                          deterministic: bool = False, *, cp_runtime: str = "auto") -> str:
     """The device settings checked at start (serve, synth): DeviceError (a ValueError) naming what is
     missing; otherwise one line saying where the work will run."""
     from qwen3_tts_gguf.model.onnx_session import OnnxDeviceError, resolve_device
     from qwen3_tts_gguf.model.openvino_session import CodecRuntimeError, check_codec_runtime
+    from qwen3_tts_gguf.model.runtimes import StageRuntimeError, check_stage_runtimes
 
     check_gpu_layers(gpu_layers)
     try:
         onnx = resolve_device(device)
+        check_stage_runtimes(cp_runtime, codec_runtime, deterministic=deterministic)
         codec = check_codec_runtime(codec_runtime, device, deterministic)
-    except (OnnxDeviceError, CodecRuntimeError) as e:
+    except (OnnxDeviceError, CodecRuntimeError, StageRuntimeError) as e:
         raise DeviceError(str(e)) from e
-    return describe_plan(gpu_layers, onnx.provider + (f" ({onnx.reason})" if onnx.reason else ""), codec=codec)
+    onnx_line = onnx.provider + (f" ({onnx.reason})" if onnx.reason else "")
+    return describe_plan(gpu_layers, onnx_line, codec=codec, stages=stage_words(
+        cp_runtime, codec_runtime, gpu_layers=gpu_layers, onnx_device=onnx.name, deterministic=deterministic))
 
 
-def describe_plan(gpu_layers: int, onnx_provider: str, runtime: LlamaRuntime | None = None, codec: str = "") -> str:
-    """Where each stage runs, in one line; `codec`: the codec's own words when it does not run on ONNX Runtime."""
+def stage_words(cp_runtime: str, codec_runtime: str, *, gpu_layers: int, onnx_device: str,
+                deterministic: bool) -> dict[str, str]:
+    """What runs each stage that is not on ONNX Runtime, in a few words, before a model folder is read
+    (`auto` then depends on the folder having its llama stages file: model/runtimes.py)."""
+    on = "on the talker's device" if gpu_layers else "on the CPU"
+    auto = bool(gpu_layers) and onnx_device == "cpu" and not deterministic
+    out = {}
+    for stage, runtime in (("code predictor", cp_runtime), ("codec", codec_runtime)):
+        if runtime == "llama":
+            out[stage] = f"{stage} on llama.cpp's graphs {on}"
+        elif runtime == "auto" and auto:
+            out[stage] = f"{stage} on llama.cpp's graphs {on} where the model folder has them (auto)"
+    return out
+
+
+def describe_plan(gpu_layers: int, onnx_provider: str, runtime: LlamaRuntime | None = None, codec: str = "",
+                  stages: dict[str, str] | None = None) -> str:
+    """Where each stage runs, in one line; `codec`: the codec's own words when it runs on OpenVINO;
+    `stages`: a stage's words when it runs on llama.cpp's graphs (`stage_words`)."""
     if not gpu_layers:
         talker = "talker on the CPU"
     else:
@@ -43,9 +64,13 @@ def describe_plan(gpu_layers: int, onnx_provider: str, runtime: LlamaRuntime | N
         names = ", ".join(f"{d.name} ({d.description})" for d in rt.gpu_devices) or "no GPU device"
         layers = "all layers" if gpu_layers == GPU_LAYERS_ALL else f"{gpu_layers} layers"
         talker = f"talker: {layers} on {names}"
+    stages = dict(stages or {})
     if codec:
-        return f"{talker}; code predictor on {onnx_provider}; {codec}"
-    return f"{talker}; code predictor and codec on {onnx_provider}"
+        stages["codec"] = codec
+    if not stages:
+        return f"{talker}; code predictor and codec on {onnx_provider}"
+    predictor = stages.get("code predictor", f"code predictor on {onnx_provider}")
+    return f"{talker}; {predictor}; {stages.get('codec', f'codec on {onnx_provider}')}"
 
 
 @dataclass
@@ -60,7 +85,7 @@ class Report:
     codec_runtimes: dict[str, str | None] = field(default_factory=dict)  # --codec-runtime -> version, None: not installed
 
 
-def report(gpu_layers: int = 0, device: str = "cpu") -> Report:
+def report(gpu_layers: int = 0, device: str = "cpu", cp_runtime: str = "auto", codec_runtime: str = "auto") -> Report:
     """Everything `doctor` says, for the device settings given (serve's defaults when none)."""
     import onnxruntime as ort
 
@@ -75,10 +100,12 @@ def report(gpu_layers: int = 0, device: str = "cpu") -> Report:
         problems.append(str(e))
     try:
         onnx = resolve_device(device)
-        onnx_line = onnx.provider + (f" ({onnx.reason})" if onnx.reason else "")
+        onnx_line, onnx_device = onnx.provider + (f" ({onnx.reason})" if onnx.reason else ""), onnx.name
     except OnnxDeviceError as e:
         problems.append(str(e))
-        onnx_line = "unavailable"
+        onnx_line, onnx_device = "unavailable", device
+    stages = stage_words(cp_runtime, codec_runtime, gpu_layers=gpu_layers, onnx_device=onnx_device,
+                         deterministic=False)
     auto = resolve_device("auto")
     ep_devices = []
     if hasattr(ort, "get_ep_devices"):
@@ -87,7 +114,7 @@ def report(gpu_layers: int = 0, device: str = "cpu") -> Report:
                           for d in ort.get_ep_devices()]
         except Exception:  # noqa: BLE001 - an older runtime's device API
             ep_devices = []
-    llama = asdict(rt)
+    llama = L = asdict(rt)
     llama["gpu_devices"] = [d.name for d in rt.gpu_devices]
     llama["gpu_backends"] = list(rt.gpu_backends)
     return Report(
@@ -96,12 +123,12 @@ def report(gpu_layers: int = 0, device: str = "cpu") -> Report:
               "devices": available_devices(), "ep_devices": ep_devices,
               "auto": auto.provider + (f" ({auto.reason})" if auto.reason else "")},
         vulkan_devices=vulkan_physical_devices(),
-        plan={"gpu_layers": gpu_layers, "device": device,
-              "summary": describe_plan(gpu_layers, onnx_line, rt) if not problems else "refused at start",
+        plan={"gpu_layers": gpu_layers, "device": device, "cp_runtime": cp_runtime, "codec_runtime": codec_runtime,
+              "summary": describe_plan(gpu_layers, onnx_line, rt, stages=stages) if not problems else "refused at start",
               "env": {k: os.environ[k] for k in ("GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
                                                   "LLAMA_CPP_LIB_PATH") if k in os.environ}},
         problems=problems,
-        codec_runtimes={"onnxruntime": ort.__version__, "openvino": openvino_version()})
+        codec_runtimes={"onnxruntime": ort.__version__, "openvino": openvino_version(), "llama": L["version"]})
 
 
 def _size(n: int) -> str:
@@ -133,6 +160,7 @@ def format_report(r: Report) -> str:
             f"{name} {version}" if version else f"{name} not installed (pip install {name})"
             for name, version in r.codec_runtimes.items()))
     lines.append(f"serve with --gpu-layers {r.plan['gpu_layers'] if r.plan['gpu_layers'] != GPU_LAYERS_ALL else 'all'} "
-                 f"--device {r.plan['device']}: {r.plan['summary']}")
+                 f"--device {r.plan['device']} --cp-runtime {r.plan['cp_runtime']} --codec-runtime "
+                 f"{r.plan['codec_runtime']}: {r.plan['summary']}")
     lines += [f"problem: {p}" for p in r.problems]
     return "\n".join(lines)

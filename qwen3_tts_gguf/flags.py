@@ -43,7 +43,7 @@ def threads_flag(purpose: str = "") -> dict:
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
     from qwen3_tts_gguf.model.loaded import KV_CELLS_PER_STREAM, MAX_KV_CELLS, MAX_THREADS, MIN_KV_CELLS
-    from qwen3_tts_gguf.model.openvino_session import RUNTIMES as CODEC_RUNTIMES
+    from qwen3_tts_gguf.model.runtimes import CODEC_RUNTIMES, CP_RUNTIMES
     from qwen3_tts_gguf.model.talker import KV_CACHE_TYPES
     from qwen3_tts_gguf.runtime.devices import ONNX_DEVICES, parse_gpu_layers
     from qwen3_tts_gguf.runtime.heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD
@@ -72,11 +72,18 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="threads of one overlapped codec call (default: --threads): fewer run several streams' "
                         "calls side by side, in a lane each: more throughput with many streams, later first audio "
                         "(docs/benchmarks.md, Codec overlap)")
-    p.add_argument("--codec-runtime", choices=CODEC_RUNTIMES, default="onnxruntime",
-                   help="what runs the codec: openvino (pip install openvino; CPU only, not with --deterministic) "
-                        "decodes about a fifth faster than ONNX Runtime but holds more memory (0.6B, eight streams: "
-                        "about 130 MiB more at the peak, with a writable model folder for its cache; "
-                        "docs/benchmarks.md, Codec overlap; default %(default)s)")
+    p.add_argument("--cp-runtime", choices=CP_RUNTIMES, default="auto",
+                   help="what runs the code predictor: onnxruntime, or llama (llama.cpp's own graphs, on the "
+                        "talker's device: every GPU llama.cpp runs on, Vulkan included; docs/gpu.md); auto: llama "
+                        "when the talker is offloaded to a GPU that --device cannot reach and the model folder has "
+                        "its llama stages file, else onnxruntime (default %(default)s)")
+    p.add_argument("--codec-runtime", choices=CODEC_RUNTIMES, default="auto",
+                   help="what runs the codec: onnxruntime; openvino (pip install openvino; CPU only, not with "
+                        "--deterministic) decodes about a fifth faster than ONNX Runtime but holds more memory "
+                        "(0.6B, eight streams: about 130 MiB more at the peak, with a writable model folder for its "
+                        "cache; docs/benchmarks.md, Codec overlap); llama (llama.cpp's graphs, on the talker's device: "
+                        "72-frame windows, seconds a call on a CPU; not with --deterministic); auto: as --cp-runtime "
+                        "(default %(default)s)")
     p.add_argument("--heap-map-threshold", type=number(int, 0, MAX_MAP_THRESHOLD), default=MAP_THRESHOLD,
                    metavar="BYTES",
                    help="blocks of at least this size are mapped on their own and unmapped when freed (glibc): "

@@ -19,6 +19,10 @@ CHECKPOINTS = {
     "tiny_base": dict(shape="tiny", model_type="base", seed=4),
     "tiny0b6_base": dict(shape="tiny-0b6", model_type="base", seed=5),
     "small_cv": dict(shape="small", model_type="custom_voice", seed=6),
+    # the tiny talker with the published codec decoder: the smallest checkpoints given a llama stages file
+    "tiny_realcodec_cv": dict(shape="tiny-realcodec", model_type="custom_voice", seed=7),
+    "tiny_realcodec_base": dict(shape="tiny-realcodec", model_type="base", seed=8),
+    "tiny_realcodec_vd": dict(shape="tiny-realcodec", model_type="voice_design", seed=9),
 }
 
 
@@ -63,29 +67,56 @@ def _converter_digest() -> str:
     return h.hexdigest()[:10]
 
 
-def converted_model(name: str, quant: str = "f32", cp_precision: str = "fp32") -> Path:
+def converted_model(name: str, quant: str = "f32", cp_precision: str = "fp32", *,
+                    llama_stages: str = "exact") -> Path:
     """A converted model folder of checkpoint `name` (cached; rebuilt when the converter changes).
 
-    The defaults are the parity precisions: f32 talker, fp32 code predictor."""
+    The defaults are the parity precisions: f32 talker, fp32 code predictor; `llama_stages` names the
+    preset whose llama stages formats are written (only the tiny_realcodec checkpoints get that file)."""
     from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
+    from qwen3_tts_gguf.convert.presets import PRESETS
 
     suffix = "" if cp_precision == "fp32" else f"-cp{cp_precision}"
+    if llama_stages != "exact":
+        suffix += f"-stages{llama_stages}"
     out = CACHE / "converted" / f"{name}-{quant}{suffix}-{_converter_digest()}"
     if not (out / "manifest.json").exists():
-        convert_checkpoint(official_checkpoint(name), out, quant, cp_precision=cp_precision, overwrite=True,
-                           show_progress=False)
+        convert_checkpoint(official_checkpoint(name), out, quant, cp_precision=cp_precision,
+                           llama_stages=PRESETS[llama_stages].llama_stages, overwrite=True, show_progress=False)
     return out
+
+
+def converted_preset(name: str, preset: str) -> Path:
+    """converted_model at a `--preset`'s formats: the talker's, the code predictor's, the llama stages'."""
+    from qwen3_tts_gguf.convert.presets import PRESETS
+
+    return converted_model(name, PRESETS[preset].quant, PRESETS[preset].cp_precision, llama_stages=preset)
 
 
 @pytest.fixture(scope="session")
 def converted_factory():
-    """Call with (checkpoint name, quant[, cp_precision]); returns a converted model folder."""
+    """Call with (checkpoint name, quant[, cp_precision][, llama_stages=preset]); returns a converted model folder."""
     return converted_model
 
 
 @pytest.fixture(scope="session")
 def tiny_cv_f32() -> Path:
     return converted_model("tiny_cv", "f32")
+
+
+def _converted_fixture(checkpoint: str, preset: str):
+    """A session fixture: `checkpoint` converted at `preset`'s formats."""
+    @pytest.fixture(scope="session", name=f"{checkpoint.removeprefix('tiny_')}_{preset}")
+    def converted() -> Path:
+        return converted_preset(checkpoint, preset)
+
+    return converted
+
+
+# models with a llama stages file (tiny talker, published codec), CustomVoice and Base at the exact and the
+# default preset: realcodec_cv_exact, realcodec_cv_default, realcodec_base_exact, realcodec_base_default
+realcodec_cv_exact, realcodec_cv_default, realcodec_base_exact, realcodec_base_default = (
+    _converted_fixture(f"tiny_realcodec_{kind}", preset) for kind in ("cv", "base") for preset in ("exact", "default"))
 
 
 # Debian's chromium driven by Playwright (never `playwright install`: it downloads a browser)

@@ -1,4 +1,4 @@
-"""The plain-numpy codec decoder (convert/codec_reference.py) against the official decoder and the graph.
+"""The plain-numpy codec decoder (convert/numpy_reference.py) against the official decoder and the graph.
 
 fp32 bar 1e-4 on the clamped wav: torch fp32 differs from its own fp64 run by ~4e-5 on this deep
 decoder (docs/codec-streaming-notes.md); a wrong layer shows up as O(1e-2..1). Measured here:
@@ -12,7 +12,7 @@ import pytest
 
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.codec_graph import build_codec_decoder
-from qwen3_tts_gguf.convert.codec_reference import decode_codes
+from qwen3_tts_gguf.convert.numpy_reference import decode_codes
 from qwen3_tts_gguf.convert.onnx_builder import save_model
 from qwen3_tts_gguf.model.codec import CodecDecoder
 

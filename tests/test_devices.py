@@ -228,8 +228,8 @@ def test_doctor_reports_backends_providers_and_the_default_plan():
 
     openvino = f"openvino {openvino_version()}" if openvino_version() else "openvino not installed (pip install openvino)"
     assert f"--codec-runtime: onnxruntime {ort.__version__}, {openvino}" in out
-    assert "serve with --gpu-layers 0 --device cpu: talker on the CPU; code predictor and codec on CPUExecutionProvider" \
-        in out
+    assert ("serve with --gpu-layers 0 --device cpu --cp-runtime auto --codec-runtime auto: talker on the CPU; "
+            "code predictor and codec on CPUExecutionProvider") in out
     proc = run_cli("doctor", "--json", "--device", "auto")
     report = json.loads(proc.stdout)
     assert report["llama"]["backends"][0] and report["llama"]["devices"][0]["kind"] in ("cpu", "gpu", "igpu", "accel")
@@ -289,3 +289,21 @@ def test_a_device_lock_serialises_and_counts_the_wait():
     assert locks.onnx_device_lock("cpu", "CPUExecutionProvider") is None
     assert locks.onnx_device_lock("cuda", "CUDAExecutionProvider") is locks.device_lock("CUDA0")
     assert locks.talker_device_locks(0) == ()
+
+
+def test_the_plan_names_each_stage_on_llama_cpp():
+    """`--cp-runtime`/`--codec-runtime llama`, or `auto` with the talker offloaded beyond ONNX Runtime's
+    device: the start-up line says which stage runs on llama.cpp's graphs, on which device."""
+    from qwen3_tts_gguf.doctor import describe_plan, stage_words
+
+    cpu = "CPUExecutionProvider"
+    stages = stage_words("llama", "onnxruntime", gpu_layers=0, onnx_device="cpu", deterministic=False)
+    assert describe_plan(0, cpu, stages=stages) == ("talker on the CPU; code predictor on llama.cpp's graphs on the "
+                                                    "CPU; codec on CPUExecutionProvider")
+    rt = LlamaRuntime("0", "", True, ("Vulkan", "CPU"), (BackendDevice("Vulkan", "Vulkan0", "GPU", "gpu", 1, 1),), "")
+    stages = stage_words("auto", "auto", gpu_layers=GPU_LAYERS_ALL, onnx_device="cpu", deterministic=False)
+    line = describe_plan(GPU_LAYERS_ALL, cpu, rt, stages=stages)
+    assert "code predictor on llama.cpp's graphs on the talker's device where the model folder has them (auto)" in line
+    assert "codec on llama.cpp's graphs on the talker's device" in line
+    assert stage_words("auto", "auto", gpu_layers=GPU_LAYERS_ALL, onnx_device="cpu", deterministic=True) == {}
+    assert stage_words("auto", "auto", gpu_layers=GPU_LAYERS_ALL, onnx_device="cuda", deterministic=False) == {}

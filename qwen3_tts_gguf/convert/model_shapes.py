@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
-SHAPES = ("tiny", "tiny-0b6", "small", "0.6b", "1.7b")
+SHAPES = ("tiny", "tiny-0b6", "tiny-realcodec", "small", "0.6b", "1.7b")
 
 LANGUAGE_IDS = {
     "chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
@@ -29,6 +29,11 @@ GENERATION_CONFIG = {
     "subtalker_top_k": 50, "max_new_tokens": 8192,
 }
 
+# the codec decoder of every published checkpoint (speech_tokenizer/config.json's decoder_config)
+PUBLISHED_CODEC = dict(codebook_dim=512, latent_dim=1024, decoder_dim=1536, hidden_size=512, intermediate_size=1024,
+                       num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16, head_dim=64,
+                       sliding_window=72)
+
 # talker / code predictor / text / codec dimensions per shape
 _DIMS = {
     "tiny": dict(size="1b7", H=64, layers=2, heads=4, kv=2, hd=16, I=128, mrope=[4, 2, 2],
@@ -42,14 +47,15 @@ _DIMS = {
                  spk=dict(enc_channels=[32, 32, 32, 32, 96], enc_attention_channels=16,
                           enc_se_channels=16)),
     "tiny-0b6": dict(size="0b6", cpH=64),  # code predictor as wide as the talker: no projection
+    # the tiny talker with the published codec decoder, whose shape llama.cpp hard-codes: the smallest
+    # checkpoint that gets a llama stages file (convert/llama_stages.py)
+    "tiny-realcodec": dict(codec=PUBLISHED_CODEC),
     # wide enough (256) for K-quant rows
     "small": dict(size="1b7", H=256, layers=2, heads=4, kv=2, hd=64, I=512, mrope=[16, 8, 8],
                   cpH=256, cp_layers=2, cp_heads=4, cp_kv=2, cp_hd=64, cpI=512, text_hidden=256),
     "0.6b": dict(size="0b6", H=1024, layers=28, heads=16, kv=8, hd=128, I=3072, mrope=[24, 20, 20],
                  cpH=1024, cp_layers=5, cp_heads=16, cp_kv=8, cp_hd=128, cpI=3072, text_hidden=2048,
-                 codec=dict(codebook_dim=512, latent_dim=1024, decoder_dim=1536, hidden_size=512,
-                            intermediate_size=1024, num_hidden_layers=8, num_attention_heads=16,
-                            num_key_value_heads=16, head_dim=64, sliding_window=72),
+                 codec=PUBLISHED_CODEC,
                  enc=dict(hidden_size=512, num_filters=64, num_hidden_layers=8, num_attention_heads=8,
                           num_key_value_heads=8, head_dim=64, intermediate_size=2048, codebook_dim=256,
                           vector_quantization_hidden_dimension=256, sliding_window=250),
@@ -62,7 +68,7 @@ _DIMS = {
 def _dims(shape: str) -> dict:
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
-    base = {"tiny-0b6": "tiny", "small": "tiny", "1.7b": "0.6b"}.get(shape)
+    base = {"tiny-0b6": "tiny", "tiny-realcodec": "tiny", "small": "tiny", "1.7b": "0.6b"}.get(shape)
     dims = copy.deepcopy(_DIMS[base]) if base else {}
     dims.update(copy.deepcopy(_DIMS[shape]))
     return dims

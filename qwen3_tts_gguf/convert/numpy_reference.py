@@ -1,18 +1,27 @@
-"""Plain-numpy forwards of the Qwen3 decoder stacks, for self-checking converted graphs.
+"""Plain-numpy forwards of the talker, the code predictor and the codec decoder, for self-checking
+converted graphs. Float64 by default, so they serve as the truth for fp32 graphs; no torch, no onnx.
 
 `decoder_stack` runs a talker ("talker.model") or code-predictor ("talker.code_predictor.model")
 stack over a sequence of input rows with full causal attention and returns the post-final-norm
 hidden states; `code_predictor_logits` builds the teacher-forced code-predictor forward on it.
-Computed in float64 by default so it serves as the truth for fp32 graphs.
+
+`decode_codes(weights, cfg, codes)` is the 12 Hz codec decoder's (code2wav) whole-utterance forward:
+it reads the speech tokenizer's `decoder.*` tensors directly and computes what the official
+`Qwen3TTSTokenizerV2Decoder.forward` computes, independently of the ONNX graph builder: split-RVQ
+dequantisation -> causal pre_conv -> sliding-window transformer -> 2x (ConvTranspose k=s + ConvNeXt)
+-> decoder.0 -> DecoderBlocks (SnakeBeta, causal ConvTranspose with the last k-s samples dropped,
+residual units with dilations 1, 3, 9) -> SnakeBeta -> conv -> clamp [-1, 1]. Convolutions are one
+matmul per kernel tap, so the real shape decodes a few frames in seconds.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from qwen3_tts_gguf.convert.checkpoint import ModelConfig, TransformerConfig
+from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig, ModelConfig, TransformerConfig
 
 
 def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -79,3 +88,150 @@ def code_predictor_logits(weights: Mapping[str, np.ndarray], config: ModelConfig
         x = x @ w(f"{cp}.small_to_mtp_projection.weight").T + w(f"{cp}.small_to_mtp_projection.bias")
     out = decoder_stack(weights, f"{cp}.model", config.code_predictor, x, dtype=dtype)
     return np.stack([out[j + 1] @ w(f"{cp}.lm_head.{j}.weight").T for j in range(15)])
+
+
+# -- the codec decoder -----------------------------------------------------------------------------
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+RESIDUAL_DILATIONS = (1, 3, 9)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """Exact (erf) GELU; math.erf elementwise, exact to double precision."""
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(x.dtype))
+
+
+def _causal_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dilation: int = 1) -> np.ndarray:
+    """Stride-1 causal Conv1d on x [C_in, L] (left zero pad (k-1)*d), w [C_out, C_in, k] -> [C_out, L]."""
+    k, length = w.shape[2], x.shape[1]
+    xp = np.pad(x, ((0, 0), ((k - 1) * dilation, 0)))
+    cols = np.stack([xp[:, j * dilation: j * dilation + length] for j in range(k)], axis=1)  # im2col [C_in, k, L]
+    y = w.reshape(w.shape[0], -1) @ cols.reshape(-1, length)
+    return y + b[:, None] if b is not None else y
+
+
+def _depthwise_causal_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """groups=C causal conv: x [C, L], w [C, 1, k]."""
+    k, length = w.shape[2], x.shape[1]
+    xp = np.pad(x, ((0, 0), (k - 1, 0)))
+    return sum(w[:, 0, j, None] * xp[:, j: j + length] for j in range(k)) + b[:, None]
+
+
+def _causal_trans_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int) -> np.ndarray:
+    """ConvTranspose1d without padding (length (L-1)s+k) on x [C_in, L], w [C_in, C_out, k], then drop
+    the LAST k-s samples -> [C_out, L*s]."""
+    c_in, c_out, k = w.shape
+    length = x.shape[1]
+    taps = (w.reshape(c_in, c_out * k).T @ x).reshape(c_out, k, length)  # taps[o, j, t] lands at t*s + j
+    y = np.zeros((c_out, (length - 1) * stride + k), x.dtype)
+    for j in range(k):
+        y[:, j: j + (length - 1) * stride + 1: stride] += taps[:, j]
+    return y[:, : length * stride] + b[:, None]
+
+
+def _snake(x: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """SnakeBeta with log-space parameters: x + 1/(exp(beta)+1e-9) * sin^2(exp(alpha) x); x [C, L]."""
+    return x + (1.0 / (np.exp(beta) + 1e-9))[:, None] * np.sin(np.exp(alpha)[:, None] * x) ** 2
+
+
+def _rope_tables(cfg: CodecDecoderConfig, n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n, head_dim] for positions 0..n-1; inv_freq built in fp32 exactly as torch does."""
+    hd = cfg.head_dim
+    exponent = np.arange(0, hd, 2).astype(np.float32) / np.float32(hd)
+    inv_freq = np.float32(1.0) / np.float32(cfg.rope_theta) ** exponent
+    freqs = np.arange(n, dtype=dtype)[:, None] * inv_freq.astype(dtype)[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb), np.sin(emb)
+
+
+def _transformer(w, cfg: CodecDecoderConfig, x: np.ndarray) -> np.ndarray:
+    """pre_transformer on x [T, latent] -> [T, latent]; causal attention within the sliding window."""
+    p = "decoder.pre_transformer."
+    n, heads, hd = x.shape[0], cfg.num_heads, cfg.head_dim
+    h = x @ w(p + "input_proj.weight").T + w(p + "input_proj.bias")
+    cos, sin = _rope_tables(cfg, n, x.dtype)
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    visible = (j <= i) & (j > i - cfg.sliding_window)
+
+    def rope(t):  # t [heads, T, hd], NeoX rotate-half
+        return t * cos + np.concatenate([-t[..., hd // 2:], t[..., : hd // 2]], axis=-1) * sin
+
+    for layer in range(cfg.num_layers):
+        q = f"{p}layers.{layer}."
+        a = _rms_norm(h, w(q + "input_layernorm.weight"), cfg.rms_norm_eps)
+        qs, ks, vs = ((a @ w(f"{q}self_attn.{name}_proj.weight").T).reshape(n, -1, hd).transpose(1, 0, 2)
+                      for name in ("q", "k", "v"))
+        qs, ks = rope(qs), rope(ks)
+        kv_rep = heads // ks.shape[0]
+        ks, vs = np.repeat(ks, kv_rep, axis=0), np.repeat(vs, kv_rep, axis=0)
+        scores = np.where(visible, qs @ ks.transpose(0, 2, 1) / math.sqrt(hd), -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        attn = (probs @ vs).transpose(1, 0, 2).reshape(n, heads * hd) @ w(q + "self_attn.o_proj.weight").T
+        h = h + w(q + "self_attn_layer_scale.scale") * attn
+        m = _rms_norm(h, w(q + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
+        gate = m @ w(q + "mlp.gate_proj.weight").T
+        mlp = (gate / (1.0 + np.exp(-gate)) * (m @ w(q + "mlp.up_proj.weight").T)) @ w(q + "mlp.down_proj.weight").T
+        h = h + w(q + "mlp_layer_scale.scale") * mlp
+    h = _rms_norm(h, w(p + "norm.weight"), cfg.rms_norm_eps)
+    return h @ w(p + "output_proj.weight").T + w(p + "output_proj.bias")
+
+
+def _convnext(w, prefix: str, x: np.ndarray) -> np.ndarray:
+    """ConvNeXt block on x [C, L]: depthwise causal k7 -> LayerNorm(1e-6) -> MLP (GELU) -> gamma -> +x."""
+    y = _depthwise_causal_conv(x, w(prefix + "dwconv.conv.weight"), w(prefix + "dwconv.conv.bias")).T
+    y = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-6)
+    y = y * w(prefix + "norm.weight") + w(prefix + "norm.bias")
+    y = _gelu(y @ w(prefix + "pwconv1.weight").T + w(prefix + "pwconv1.bias"))
+    y = (y @ w(prefix + "pwconv2.weight").T + w(prefix + "pwconv2.bias")) * w(prefix + "gamma")
+    return x + y.T
+
+
+def decode_codes(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, codes: np.ndarray,
+                 dtype=np.float64) -> np.ndarray:
+    """Whole-utterance decode of codes [T, num_quantizers] -> wav [T*samples_per_frame] in `dtype`.
+
+    `weights` maps the speech tokenizer's tensor names (`decoder.*`) to arrays. Negative codes
+    (padding) count as 0, as the official wrapper clamps them; codes >= codebook_size are refused."""
+    codes = np.maximum(np.asarray(codes, dtype=np.int64), 0)
+    if codes.ndim != 2 or codes.shape[1] != cfg.num_quantizers or codes.shape[0] < 1:
+        raise ValueError(f"codes must be [T>=1, {cfg.num_quantizers}], got {list(codes.shape)}")
+    if codes.max() >= cfg.codebook_size:
+        raise ValueError(f"codes must be < {cfg.codebook_size}, got {int(codes.max())}")
+
+    def w(name: str) -> np.ndarray:
+        return np.asarray(weights[name], dtype=dtype)
+
+    def lookup(part: str, k: int, idx: np.ndarray) -> np.ndarray:
+        cb = f"decoder.quantizer.{part}.vq.layers.{k}._codebook."
+        return w(cb + "embedding_sum")[idx] / np.maximum(w(cb + "cluster_usage")[idx], 1e-5)[:, None]
+
+    # (1) split-RVQ dequantisation -> [codebook_dim, T]
+    sem = lookup("rvq_first", 0, codes[:, 0])
+    ac = sum(lookup("rvq_rest", k - 1, codes[:, k]) for k in range(1, cfg.num_quantizers))
+    z = (w("decoder.quantizer.rvq_first.output_proj.weight")[:, :, 0] @ sem.T
+         + w("decoder.quantizer.rvq_rest.output_proj.weight")[:, :, 0] @ ac.T)
+    # (2) pre_conv, (3) transformer
+    x = _causal_conv(z, w("decoder.pre_conv.conv.weight"), w("decoder.pre_conv.conv.bias"))
+    x = _transformer(w, cfg, x.T).T
+    # (4) upsampling: ConvTranspose k=s (no trim) + ConvNeXt
+    for u, factor in enumerate(cfg.upsampling_ratios):
+        q = f"decoder.upsample.{u}."
+        x = _causal_trans_conv(x, w(q + "0.conv.weight"), w(q + "0.conv.bias"), factor)
+        x = _convnext(w, q + "1.", x)
+    # (5) vocoder
+    x = _causal_conv(x, w("decoder.decoder.0.conv.weight"), w("decoder.decoder.0.conv.bias"))
+    for n, rate in enumerate(cfg.upsample_rates, start=1):
+        q = f"decoder.decoder.{n}.block."
+        x = _snake(x, w(q + "0.alpha"), w(q + "0.beta"))
+        x = _causal_trans_conv(x, w(q + "1.conv.weight"), w(q + "1.conv.bias"), rate)
+        for u, dilation in enumerate(RESIDUAL_DILATIONS, start=2):
+            r = f"{q}{u}."
+            y = _snake(x, w(r + "act1.alpha"), w(r + "act1.beta"))
+            y = _causal_conv(y, w(r + "conv1.conv.weight"), w(r + "conv1.conv.bias"), dilation)
+            y = _snake(y, w(r + "act2.alpha"), w(r + "act2.beta"))
+            x = x + _causal_conv(y, w(r + "conv2.conv.weight"), w(r + "conv2.conv.bias"))
+    last = len(cfg.upsample_rates) + 1
+    x = _snake(x, w(f"decoder.decoder.{last}.alpha"), w(f"decoder.decoder.{last}.beta"))
+    x = _causal_conv(x, w(f"decoder.decoder.{last + 1}.conv.weight"), w(f"decoder.decoder.{last + 1}.conv.bias"))
+    return np.clip(x[0], -1.0, 1.0)

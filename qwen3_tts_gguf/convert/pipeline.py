@@ -5,6 +5,11 @@ interrupted conversion never leaves a half model under the target name. Replacin
 moves the old one aside first (`.NAME.previous-PID`), renames the new one in, then deletes the old
 one: a crash at any moment leaves a loadable model at the target or in that aside folder, which the
 next conversion to the same target puts back (target missing) or deletes.
+
+`add_llama_stages` (`convert --only-llama-stages`) gives a folder converted before the llama stages
+file existed that file alone: written beside the others under a hidden name, checked, renamed in, then
+the manifest replaced (a temporary file renamed over it). Until that last rename the folder is the
+model it was.
 """
 
 from __future__ import annotations
@@ -14,29 +19,43 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from qwen3_tts_gguf import __version__
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint, CheckpointError
+from qwen3_tts_gguf.convert.llama_stages import unsupported_reason, write_llama_stages
 from qwen3_tts_gguf.convert.onnx_builder import save_model, save_model_sharing_weights
 from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictors
-from qwen3_tts_gguf.convert.presets import CP_BLOCK_SIZE, CP_BLOCK_SIZES, CP_PRECISIONS
+from qwen3_tts_gguf.convert.presets import (
+    CP_BLOCK_SIZE,
+    CP_BLOCK_SIZES,
+    CP_PRECISIONS,
+    DEFAULT_PRESET,
+    PRESETS,
+    LlamaStagesFormat,
+    Preset,
+)
 from qwen3_tts_gguf.convert.talker_gguf import QUANTS, write_talker_gguf
-from qwen3_tts_gguf.convert.text_tables import write_text_tables
+from qwen3_tts_gguf.convert.text_tables import table_sources, write_text_tables
 from qwen3_tts_gguf.model.manifest import (
     CODEC_ENCODER_FILE,
     CODEC_FILE,
+    LLAMA_STAGES_FILE,
     MANIFEST,
     PREDICTOR_CPU_FILE,
     PREDICTOR_FILE,
     SPEAKER_ENCODER_FILE,
     TALKER_FILE,
     TEXT_TABLES_FILE,
+    FileEntry,
     Manifest,
     ModelFolderError,
     file_entries,
     load_manifest,
+    sha256_file,
 )
+from qwen3_tts_gguf.model.safetensors_io import SafetensorsFile
 from qwen3_tts_gguf.model.tokenizer import TOKENIZER_FILES, official_pretokenizer
 
 _SIZES = {"0b6": "0.6b", "1b7": "1.7b"}
@@ -54,18 +73,25 @@ def _recover(out_dir: Path) -> None:
         kind, _, pid = side.name[len(out_dir.name) + 2:].rpartition("-")
         if kind not in ("partial", "previous") or not pid.isdigit():
             continue
-        if int(pid) != os.getpid():
-            try:
-                os.kill(int(pid), 0)
-                continue  # still running
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue  # another user's process
+        if _running_elsewhere(int(pid)):
+            continue
         if kind == "previous" and not out_dir.exists() and _loadable(side):
             side.rename(out_dir)
         else:
             shutil.rmtree(side, ignore_errors=True)
+
+
+def _running_elsewhere(pid: int) -> bool:
+    """Whether `pid` is another process still running (its leftovers are not stale)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _loadable(folder: Path) -> bool:
@@ -119,12 +145,15 @@ def build_manifest(ckpt: Checkpoint, quant: str, name: str) -> Manifest:
 
 
 def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8_0", *, name: str | None = None,
-                       cp_precision: str = "int8", cp_block_size: int = CP_BLOCK_SIZE, overwrite: bool = False,
-                       verify: bool = True, threads: int = 0, show_progress: bool = True) -> Manifest:
+                       cp_precision: str = "int8", cp_block_size: int = CP_BLOCK_SIZE,
+                       llama_stages: LlamaStagesFormat = PRESETS[DEFAULT_PRESET].llama_stages,
+                       overwrite: bool = False, verify: bool = True, threads: int = 0,
+                       show_progress: bool = True) -> Manifest:
     """Convert an official checkpoint folder into a model folder at `out_dir`; returns its manifest.
 
     `quant` is the talker's weight format, `cp_precision` the code predictor's (fp32 | int8 | int4;
-    fp32 is the parity precision, int8 the users' default), quantized with `cp_block_size` weights per scale."""
+    fp32 is the parity precision, int8 the users' default), quantized with `cp_block_size` weights per scale;
+    `llama_stages` the matrix types of the llama stages file (written where libmtmd can load it)."""
     if quant not in QUANTS:
         raise CheckpointError(f"unknown quant {quant!r}; choose one of {', '.join(QUANTS)}")
     if cp_precision not in CP_PRECISIONS:
@@ -139,9 +168,10 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
     name = name or out_dir.name
     tmp = _side_dir(out_dir, "partial")
     tmp.mkdir(parents=True)
-    stages = ["talker", "text tables", "code predictor", "codec decoder", "tokenizer", "self-check"]
+    stages = ["talker", "text tables", "code predictor", "codec decoder", "llama stages", "tokenizer", "self-check"]
     if ckpt.config.model_type == "base":
         stages.insert(4, "voice encoders")
+    no_stages = unsupported_reason(ckpt.config)
     bar = tqdm(total=len(stages), desc=f"convert {name}", unit="stage", disable=not show_progress)
     started = time.monotonic()
     try:
@@ -178,10 +208,15 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
             save_model(build_speaker_encoder(ckpt), tmp / SPEAKER_ENCODER_FILE)
             save_model(build_codec_encoder(ckpt), tmp / CODEC_ENCODER_FILE)
             bar.update()
+        stage("llama stages")
+        stages_entry = ({"missing": no_stages} if no_stages else
+                        write_llama_stages(ckpt, tmp / LLAMA_STAGES_FILE, llama_stages))
+        bar.update()
         stage("tokenizer")
         for f in TOKENIZER_FILES:
             shutil.copy(ckpt.path / f, tmp / f)
         manifest = build_manifest(ckpt, quant, name)
+        manifest.llama_stages = stages_entry
         manifest.code_predictor["precision"] = cp_precision
         if cp_precision != "fp32":
             manifest.code_predictor["block_size"] = cp_block_size
@@ -203,7 +238,91 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         bar.close()
     if show_progress:
         print(f"converted {ckpt.path} -> {out_dir} ({quant}) in {time.monotonic() - started:.1f} s")
+        if no_stages:
+            print(f"no {LLAMA_STAGES_FILE} (the ONNX Runtime stages only): {no_stages}")
     return manifest
 
 
-__all__ = ["convert_checkpoint", "build_manifest"]
+def add_llama_stages(hf_dir: str | Path, folder: str | Path, llama_stages: LlamaStagesFormat | None = None, *,
+                     overwrite: bool = False, verify: bool = True, show_progress: bool = True) -> Manifest:
+    """Write the llama stages file into `folder`, converted from `hf_dir` before that file existed, and
+    list it in the manifest; every other file stays as it is. `llama_stages` None: the formats of the
+    preset the folder was converted with (its talker's and code predictor's), else the default preset's."""
+    folder = Path(folder)
+    manifest = load_manifest(folder)
+    ckpt = Checkpoint.open(hf_dir)
+    _check_source(ckpt, manifest, folder)
+    if LLAMA_STAGES_FILE in manifest.files and not overwrite:
+        raise FileExistsError(f"{folder} has {LLAMA_STAGES_FILE} already (pass --force to write it again)")
+    if reason := unsupported_reason(ckpt.config):
+        raise CheckpointError(f"{ckpt.path} gets no {LLAMA_STAGES_FILE}: {reason}")
+    fmt = llama_stages or _preset_of(manifest).llama_stages
+    for stale in [*folder.glob(f".{LLAMA_STAGES_FILE}.partial-*"), *folder.glob(f".{MANIFEST}.partial-*")]:
+        pid = stale.name.rpartition("-")[2]  # what an interrupted run left
+        if pid.isdigit() and not _running_elsewhere(int(pid)):
+            stale.unlink(missing_ok=True)
+    started = time.monotonic()
+    part = folder / f".{LLAMA_STAGES_FILE}.partial-{os.getpid()}"
+    try:
+        entry = write_llama_stages(ckpt, part, fmt)
+        if verify:
+            from qwen3_tts_gguf.convert.verify import check_llama_stages
+
+            manifest.source.setdefault("self_check", {}).update(check_llama_stages(ckpt, part, fmt))
+        written = FileEntry(bytes=part.stat().st_size, sha256=sha256_file(part))
+        if LLAMA_STAGES_FILE in manifest.files:  # replaced: the manifest forgets the old file first
+            del manifest.files[LLAMA_STAGES_FILE]
+            manifest.llama_stages = None
+            _replace_manifest(folder, manifest)
+        os.replace(part, folder / LLAMA_STAGES_FILE)
+    finally:
+        part.unlink(missing_ok=True)
+    manifest.files = dict(sorted({**manifest.files, LLAMA_STAGES_FILE: written}.items()))
+    manifest.llama_stages = entry
+    _replace_manifest(folder, manifest)
+    if show_progress:
+        print(f"added {LLAMA_STAGES_FILE} to {folder} (code predictor {fmt.code_predictor}, codec {fmt.codec}) "
+              f"in {time.monotonic() - started:.1f} s")
+    return manifest
+
+
+def _check_source(ckpt: Checkpoint, manifest: Manifest, folder: Path) -> None:
+    """Refuse a checkpoint that is not the one `folder` was converted from (its facts, and the codec
+    embedding the text tables copied word for word)."""
+    mine = build_manifest(ckpt, manifest.quant, manifest.name)
+
+    def same(key: str) -> bool:  # of a dict, the entries the folder's (perhaps older) manifest has
+        theirs, ours = getattr(manifest, key), getattr(mine, key)
+        return {k: ours.get(k) for k in theirs} == theirs if isinstance(theirs, dict) else ours == theirs
+
+    differ = [key for key in ("model_type", "model_size", "talker", "codec", "codec_ids", "speakers") if not same(key)]
+    if not differ:
+        source = table_sources(ckpt)["codec_embedding.0"]
+        if not np.array_equal(SafetensorsFile(folder / TEXT_TABLES_FILE)["codec_embedding.0"], ckpt.weights[source]):
+            differ.append("weights")
+    if differ:
+        raise CheckpointError(f"{ckpt.path} is not the checkpoint {folder} was converted from "
+                              f"(its {', '.join(differ)} differ)")
+
+
+def _preset_of(manifest: Manifest) -> Preset:
+    """The preset whose talker and code predictor formats the folder has, else the default one."""
+    precision = manifest.code_predictor.get("precision", "fp32")
+    return next((p for p in PRESETS.values() if (p.quant, p.cp_precision) == (manifest.quant, precision)),
+                PRESETS[DEFAULT_PRESET])
+
+
+def _replace_manifest(folder: Path, manifest: Manifest) -> None:
+    """Write `folder`'s manifest.json through a temporary file renamed over it (never half written)."""
+    tmp = folder / f".{MANIFEST}.partial-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(manifest.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / MANIFEST)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+__all__ = ["convert_checkpoint", "add_llama_stages", "build_manifest"]

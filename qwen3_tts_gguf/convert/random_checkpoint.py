@@ -126,7 +126,7 @@ def make_random_checkpoint(out_dir: str | Path, shape: str = "tiny", model_type:
 
 def _calibrate_codec(codec: dict, cfg, rng: np.random.Generator) -> None:
     """Scale the last conv so the waveform has std ~0.25 (random weights otherwise clip hard)."""
-    from qwen3_tts_gguf.convert.codec_reference import decode_codes
+    from qwen3_tts_gguf.convert.numpy_reference import decode_codes
 
     last = len(cfg.upsample_rates) + 2
     weight, bias = f"decoder.decoder.{last}.conv.weight", f"decoder.decoder.{last}.conv.bias"
@@ -139,6 +139,16 @@ def _calibrate_codec(codec: dict, cfg, rng: np.random.Generator) -> None:
 
 def _speaker_encoder_tensors(sc: dict, rng: np.random.Generator) -> dict:
     """ECAPA-TDNN speaker encoder weights (Base models), BF16."""
+    tensors = {}
+    for name, shp in speaker_encoder_shapes(sc).items():
+        tensors[f"{name}.weight"] = ("BF16", _to_bf16(_random_tensor(f"{name}.weight", shp, rng)))
+        tensors[f"{name}.bias"] = ("BF16", _to_bf16(_random_tensor(f"{name}.bias", (shp[0],), rng)))
+    return tensors
+
+
+def speaker_encoder_shapes(sc: dict) -> dict[str, tuple[int, int, int]]:
+    """The speaker encoder's convolutions (names without `.weight`; each has a bias of its first size)
+    -> (out, in, kernel), from config.json's speaker_encoder_config."""
     ch, ks, att, se = sc["enc_channels"], sc["enc_kernel_sizes"], sc["enc_attention_channels"], sc["enc_se_channels"]
     scale, mel, out = sc.get("enc_res2net_scale", 8), sc["mel_dim"], sc["enc_dim"]
     shapes = {"speaker_encoder.blocks.0.conv": (ch[0], mel, ks[0])}
@@ -154,11 +164,7 @@ def _speaker_encoder_tensors(sc: dict, rng: np.random.Generator) -> dict:
     shapes["speaker_encoder.asp.tdnn.conv"] = (att, ch[4] * 3, 1)
     shapes["speaker_encoder.asp.conv"] = (ch[4], att, 1)
     shapes["speaker_encoder.fc"] = (out, ch[4] * 2, 1)
-    tensors = {}
-    for name, shp in shapes.items():
-        tensors[f"{name}.weight"] = ("BF16", _to_bf16(_random_tensor(f"{name}.weight", shp, rng)))
-        tensors[f"{name}.bias"] = ("BF16", _to_bf16(_random_tensor(f"{name}.bias", (shp[0],), rng)))
-    return tensors
+    return shapes
 
 
 def codec_encoder_shapes(codec_config: dict) -> dict[str, tuple[int, ...]]:

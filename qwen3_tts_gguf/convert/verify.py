@@ -1,8 +1,10 @@
 """The converter's self-check: reload what was written and run one forward pass of each graph.
 
 Each graph is compared with a plain-numpy forward computed from the source weights
-(`numpy_reference`, `codec_reference`); the codec graph must also decode a few frames identically
-whole and in chunks. A conversion that fails any check is not reported as a success.
+(`numpy_reference`); the codec graph must also decode a few frames identically whole and in chunks.
+The llama stages file is read back with `gguf` (its metadata, every tensor's name, shape and type, and
+a few tensors' values against the source weights); loading and running it through libmtmd is the
+runtime's test. A conversion that fails any check is not reported as a success.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
-from qwen3_tts_gguf.convert.codec_reference import decode_codes
-from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, decoder_stack
+from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, decode_codes, decoder_stack
+from qwen3_tts_gguf.convert.presets import LlamaStagesFormat
 
 # relative RMS error of the talker's logits against an f32 numpy forward, per weight format
 TALKER_REL_RMS = {"f32": 1e-4, "bf16": 0.03, "f16": 0.01, "q8_0": 0.06, "q5_k_m": 0.15, "q4_k_m": 0.3, "iq4_nl": 0.35}
@@ -33,7 +35,14 @@ def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
 def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
     """Check the talker, code predictor and codec in `folder`; returns the measured errors."""
     from qwen3_tts_gguf.model.codec import CodecDecoder
-    from qwen3_tts_gguf.model.manifest import CODEC_FILE, PREDICTOR_CPU_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
+    from qwen3_tts_gguf.model.manifest import (
+        CODEC_FILE,
+        LLAMA_STAGES_FILE,
+        PREDICTOR_CPU_FILE,
+        PREDICTOR_FILE,
+        TALKER_FILE,
+        load_manifest,
+    )
     from qwen3_tts_gguf.model.predictor import CodePredictor
     from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
 
@@ -73,7 +82,55 @@ def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
     if not np.isfinite(whole).all() or diff > CODEC_TOL or chunk_diff > CODEC_TOL:
         raise VerificationError(f"codec decoder differs from the source weights by {diff:.3g} "
                                 f"(chunked vs whole: {chunk_diff:.3g})")
+    if LLAMA_STAGES_FILE in manifest.files:
+        stages = manifest.llama_stages or {}
+        fmt = LlamaStagesFormat(stages.get("code_predictor", ""), stages.get("codec", ""))
+        report.update(check_llama_stages(ckpt, folder / LLAMA_STAGES_FILE, fmt))
     return report
+
+
+def check_llama_stages(ckpt: Checkpoint, path: Path, fmt: LlamaStagesFormat) -> dict:
+    """The llama stages file at `path` read back: metadata, every tensor's name, shape and type as
+    planned, and a few tensors (one per stage) equal to the source weights in the stored type."""
+    import gguf
+
+    from qwen3_tts_gguf.convert.llama_stages import metadata, plan_llama_stages
+
+    name = path.name
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as e:
+        raise VerificationError(f"{name} is not a readable GGUF file ({e})") from e
+    for key, want in metadata(ckpt).items():
+        field = reader.get_field(key)
+        got = field.contents() if field is not None else None
+        if got != want and not (isinstance(want, float) and got is not None and np.isclose(got, want, rtol=1e-6)):
+            raise VerificationError(f"{name}: metadata {key} is {got!r}, expected {want!r}")
+    if reader.get_field("clip.projector_type") is not None:
+        raise VerificationError(f"{name} sets clip.projector_type (it would override both projector types)")
+    planned = {t.name: t for t in plan_llama_stages(ckpt, fmt)[0]}
+    stored = {t.name: t for t in reader.tensors}
+    if set(stored) != set(planned):
+        raise VerificationError(f"{name}: tensors missing {sorted(set(planned) - set(stored))[:5]}, "
+                                f"unexpected {sorted(set(stored) - set(planned))[:5]}")
+    for t in stored.values():
+        want = planned[t.name]
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+        if (t.tensor_type.name, shape) != (want.type, want.shape):
+            raise VerificationError(f"{name}: {t.name} is {t.tensor_type.name} {list(shape)}, "
+                                    f"expected {want.type} {list(want.shape)}")
+    last = ckpt.config.code_predictor.num_layers - 1
+    post_conv = f"decoder.decoder.{len(ckpt.config.codec.upsample_rates) + 2}.conv.weight"
+    for tensor, source in (("a.gen.code.out_embd.weight", ckpt.weights["talker.model.codec_embedding.weight"]),
+                           (f"a.gen.code.blk.{last}.ffn_down.weight",
+                            ckpt.weights[f"talker.code_predictor.model.layers.{last}.mlp.down_proj.weight"]),
+                           ("a.gen.wav.tfm.blk.0.attn_q.weight",
+                            ckpt.codec_weights["decoder.pre_transformer.layers.0.self_attn.q_proj.weight"]),
+                           ("a.gen.wav.dac.post_conv.weight", ckpt.codec_weights[post_conv])):
+        data = np.asarray(stored[tensor].data)
+        if not np.array_equal(data.reshape(source.shape), source.astype(data.dtype)):
+            raise VerificationError(f"{name}: {tensor} differs from the source weights")
+    return {"llama_stages_tensors": len(stored)}
 
 
 def _check_predictor(predictor, ckpt: Checkpoint, precision: str, h: np.ndarray, code0: int, key: str,

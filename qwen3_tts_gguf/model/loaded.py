@@ -7,6 +7,7 @@ from pathlib import Path
 
 from qwen3_tts_gguf.model.manifest import (
     CODEC_FILE,
+    LLAMA_STAGES_FILE,
     PREDICTOR_CPU_FILE,
     PREDICTOR_FILE,
     TALKER_FILE,
@@ -17,6 +18,7 @@ from qwen3_tts_gguf.model.manifest import (
 from qwen3_tts_gguf.model.manifest import TEXT_TABLES_FILE as TEXT_TABLES
 from qwen3_tts_gguf.model.onnx_session import resolve_device
 from qwen3_tts_gguf.model.openvino_session import check_codec_runtime
+from qwen3_tts_gguf.model.runtimes import StageRuntimeError, StageRuntimes, check_stage_runtimes, resolve
 from qwen3_tts_gguf.model.prompt import PromptBuilder
 from qwen3_tts_gguf.model.tokenizer import TextTokenizer
 from qwen3_tts_gguf.runtime.cpus import StageThreads, default_threads, stage_threads
@@ -68,7 +70,11 @@ class EngineSettings:
     prefix_cache: int = 16
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
     heap_map_threshold: int = MAP_THRESHOLD  # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
-    codec_runtime: str = "onnxruntime"  # or "openvino": faster codec, more memory (openvino_session.py; CPU, not deterministic)
+    # what runs the code predictor and the codec (runtimes.py): auto (llama.cpp's graphs when the talker is on
+    # a GPU ONNX Runtime cannot use, else ONNX Runtime), onnxruntime, llama; the codec also openvino (faster on
+    # a CPU, more memory; not deterministic)
+    cp_runtime: str = "auto"
+    codec_runtime: str = "auto"
 
     def __post_init__(self) -> None:
         def check(name: str, ok: bool, domain: str) -> None:
@@ -91,6 +97,7 @@ class EngineSettings:
         check("max_segment_chars", MIN_SEGMENT_CHARS <= self.max_segment_chars <= MAX_SEGMENT_CHARS,
               f"{MIN_SEGMENT_CHARS} to {MAX_SEGMENT_CHARS}")
         check("heap_map_threshold", 0 <= self.heap_map_threshold <= MAX_MAP_THRESHOLD, f"0 to {MAX_MAP_THRESHOLD}")
+        check_stage_runtimes(self.cp_runtime, self.codec_runtime, deterministic=self.deterministic)
 
     @property
     def overlaps_codec(self) -> bool:
@@ -135,6 +142,7 @@ class LoadedModel:
     def __init__(self, folder: str | Path, settings: EngineSettings = EngineSettings()):
         from qwen3_tts_gguf.model.codec import CodecDecoder
         from qwen3_tts_gguf.model.embeddings import EmbeddingTables
+        from qwen3_tts_gguf.model.llama_stages import LlamaCodec, LlamaCodePredictor, LlamaStagesError
         from qwen3_tts_gguf.model.predictor import CodePredictor
         from qwen3_tts_gguf.model.talker import Talker, TalkerError
 
@@ -143,7 +151,15 @@ class LoadedModel:
         self.settings = settings
         # as the talker re-checks its GPU layers: what the start-up check refuses (CodecRuntimeError), an
         # engine built without that check refuses too, before loading anything
-        check_codec_runtime(settings.codec_runtime, settings.device, settings.deterministic)
+        if settings.codec_runtime == "openvino":
+            check_codec_runtime(settings.codec_runtime, settings.device, settings.deterministic)
+        try:
+            self.runtimes: StageRuntimes = resolve(settings.cp_runtime, settings.codec_runtime, self.manifest,
+                                                   gpu_layers=settings.gpu_layers,
+                                                   onnx_device=resolve_device(settings.device).name,
+                                                   deterministic=settings.deterministic)
+        except StageRuntimeError as e:  # llama.cpp's stages asked of a folder without them
+            raise ModelFolderError(f"{self.folder}: {e}") from e
         map_large_blocks(settings.heap_map_threshold)  # before the graphs allocate (process-wide)
         try:
             self.tokenizer = TextTokenizer(self.folder, self.manifest.tokenizer["pretokenizer"])
@@ -155,7 +171,7 @@ class LoadedModel:
 
         def load_codec() -> CodecDecoder:
             return CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device,
-                                runtime=settings.codec_runtime, lanes=threads.codec_lanes)
+                                runtime=self.runtimes.codec, lanes=threads.codec_lanes)
 
         def graph_error(e: Exception) -> ModelFolderError:
             return ModelFolderError(f"{self.folder}: cannot load the ONNX graphs ({e})")
@@ -163,7 +179,7 @@ class LoadedModel:
         # The codec on OpenVINO goes first: importing it maps its whole cached blob before the pages go
         # back (openvino_session.py), a peak lowest with nothing else loaded yet.
         try:
-            early_codec = load_codec() if settings.codec_runtime == "openvino" else None
+            early_codec = load_codec() if self.runtimes.codec == "openvino" else None
         except Exception as e:  # the runtimes raise their own exception types for corrupt graphs
             raise graph_error(e) from e
         try:
@@ -171,12 +187,20 @@ class LoadedModel:
         except TalkerError as e:  # a talker file llama.cpp refuses, or a context it cannot make
             raise ModelFolderError(f"{self.folder}: {e}") from e
         self.codec_overlap = settings.overlaps_codec
+        self.llama_stages = None
         try:
-            self.predictor = CodePredictor(self.folder / self.predictor_file, threads=threads.predictor,
-                                           device=settings.device)
-            self.codec = early_codec or load_codec()
+            if "llama" in (self.runtimes.predictor, self.runtimes.codec):
+                self.llama_stages = self._load_llama_stages(threads.predictor)
+            self.predictor = (LlamaCodePredictor(self.llama_stages, int(self.manifest.talker["hidden_size"]))
+                              if self.runtimes.predictor == "llama" else
+                              CodePredictor(self.folder / self.predictor_file, threads=threads.predictor,
+                                            device=settings.device))
+            self.codec = (LlamaCodec(self.llama_stages) if self.runtimes.codec == "llama"
+                          else early_codec or load_codec())
         except Exception as e:
-            self.talker.close()
+            self.close()
+            if isinstance(e, LlamaStagesError):
+                raise ModelFolderError(f"{self.folder}: {e}") from e
             raise graph_error(e) from e
         release_freed_heap()
 
@@ -192,5 +216,15 @@ class LoadedModel:
     def sample_rate(self) -> int:
         return int(self.manifest.codec["sample_rate"])
 
+    def _load_llama_stages(self, threads: int):
+        from qwen3_tts_gguf.model.llama_stages import LlamaStages
+        from qwen3_tts_gguf.runtime.locks import talker_device_locks
+
+        gpu = bool(self.settings.gpu_layers)
+        return LlamaStages(self.folder / LLAMA_STAGES_FILE, threads=threads, use_gpu=gpu,
+                           device_locks=talker_device_locks(self.settings.gpu_layers))
+
     def close(self) -> None:
         self.talker.close()
+        if getattr(self, "llama_stages", None) is not None:
+            self.llama_stages.close()

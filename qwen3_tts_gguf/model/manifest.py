@@ -24,6 +24,10 @@ CODEC_FILE = "codec_decoder.onnx"
 TEXT_TABLES_FILE = "text_tables.safetensors"
 SPEAKER_ENCODER_FILE = "speaker_encoder.onnx"  # Base models only
 CODEC_ENCODER_FILE = "codec_encoder.onnx"  # Base models only
+# llama.cpp's own code predictor, codec decoder and speaker encoder graphs (model/llama_stages.py), where the
+# checkpoint's codec has the shape llama.cpp hard-codes (every published one; convert/llama_stages.py)
+LLAMA_STAGES_FILE = "llama_stages.gguf"
+ADD_LLAMA_STAGES = "python -m qwen3_tts_gguf convert CHECKPOINT -o MODEL_FOLDER --only-llama-stages"
 
 
 class ModelFolderError(ValueError):
@@ -56,10 +60,22 @@ class Manifest:
     instruct_supported: bool
     tokenizer: dict  # pretokenizer: "qwen2" | "mistral-fixed" (what the official pipeline uses)
     speaker_encoder: dict | None = None
+    # LLAMA_STAGES_FILE's facts: {"temperature": the code predictor's sampling temperature baked into its heads,
+    # "code_predictor" / "codec": matrix types (f32 | f16), "speaker_encoder": "real" | "dummy"}; or
+    # {"missing": why the folder has none}; None: converted before the file existed
+    llama_stages: dict | None = None
     files: dict[str, FileEntry] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     converter_version: str = ""
     source: dict = field(default_factory=dict)
+
+    @property
+    def llama_stages_missing(self) -> str | None:
+        """Why this folder has no llama stages file, or None when it has one."""
+        if LLAMA_STAGES_FILE in self.files:
+            return None
+        return ((self.llama_stages or {}).get("missing")
+                or f"converted before {LLAMA_STAGES_FILE} existed; add it with `{ADD_LLAMA_STAGES}`")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, ensure_ascii=False)
