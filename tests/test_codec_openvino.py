@@ -150,7 +150,7 @@ def test_the_flag_reaches_the_engine_settings_from_serve_and_synth(monkeypatch):
     serve = build_parser().parse_args(["serve", "--codec-runtime", "openvino"])
     assert engine_settings_from_args(serve, check_devices=False).codec_runtime == "openvino"
     default = build_parser().parse_args(["serve"])
-    assert engine_settings_from_args(default, check_devices=False).codec_runtime == "onnxruntime"
+    assert engine_settings_from_args(default, check_devices=False).codec_runtime == "auto"
     assert build_parser().parse_args(["synth", "hi", "--codec-runtime", "openvino"]).codec_runtime == "openvino"
     monkeypatch.setenv("QTTS_CODEC_RUNTIME", "openvino")
     assert engine_settings_from_args(build_parser().parse_args(["serve"]), check_devices=False).codec_runtime == "openvino"

@@ -40,13 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
+from qwen3_tts_gguf.model.runtimes import CODEC_RUNTIMES, CodecRuntimeError  # noqa: F401 (CodecRuntimeError: its home for callers)
 from qwen3_tts_gguf.paths import PROJECT_ROOT  # where the cache-filling child imports this package from
 
 log = logging.getLogger("qwen3_tts_gguf.model.openvino_session")
-
-class CodecRuntimeError(ValueError):
-    """A codec runtime this installation or these settings cannot use (one line at start)."""
-
 
 def openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
@@ -64,7 +61,9 @@ def openvino_version() -> str | None:
 def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool = False) -> str:
     """CodecRuntimeError when `runtime` cannot run here with these settings; else a few words for the
     start-up plan ("" for ONNX Runtime, which `--device` already describes)."""
-    if runtime != "openvino":  # the other runtimes: model/runtimes.py
+    if runtime not in CODEC_RUNTIMES:
+        raise CodecRuntimeError(f"--codec-runtime {runtime!r}: expected one of {', '.join(CODEC_RUNTIMES)}")
+    if runtime != "openvino":  # the others' checks: model/runtimes.py
         return ""
     version = openvino_version()
     if version is None:

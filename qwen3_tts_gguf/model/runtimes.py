@@ -25,6 +25,10 @@ class StageRuntimeError(ValueError):
     """A runtime these settings or this model folder cannot use (one line at start)."""
 
 
+class CodecRuntimeError(StageRuntimeError):
+    """A codec runtime this installation or these settings cannot use."""
+
+
 @dataclass(frozen=True)
 class StageRuntimes:
     """The runtime of each stage, and why (for the start-up plan and `doctor`)."""
@@ -39,9 +43,9 @@ def check_stage_runtimes(cp_runtime: str, codec_runtime: str, *, deterministic: 
     if cp_runtime not in CP_RUNTIMES:
         raise StageRuntimeError(f"--cp-runtime {cp_runtime!r}: expected one of {', '.join(CP_RUNTIMES)}")
     if codec_runtime not in CODEC_RUNTIMES:
-        raise StageRuntimeError(f"--codec-runtime {codec_runtime!r}: expected one of {', '.join(CODEC_RUNTIMES)}")
+        raise CodecRuntimeError(f"--codec-runtime {codec_runtime!r}: expected one of {', '.join(CODEC_RUNTIMES)}")
     if deterministic and codec_runtime == "llama":
-        raise StageRuntimeError("--codec-runtime llama agrees with the parity codec to about 40 dB, it is not "
+        raise CodecRuntimeError("--codec-runtime llama agrees with the parity codec to about 40 dB, it is not "
                                 "bit-exact; --deterministic (the parity profile) keeps ONNX Runtime's codec")
 
 
