@@ -88,7 +88,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool = True) -> EngineSettings:
     """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
     --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap, --codec-threads,
-    --heap-map-threshold, --cp-runtime, --codec-runtime, --prefix-cache). The device settings are checked
+    --heap-map-threshold, --cp-runtime, --codec-runtime, --prefix-cache, --runaway, --runaway-retries). The device settings are checked
     against this installation (`qwen3_tts_gguf.runtime.devices`): ValueError (DeviceError) when GPU layers are
     asked of a llama.cpp without a GPU backend or device, or --device names a provider not installed;
     the resolved plan is logged."""
@@ -109,4 +109,6 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
                           codec_threads=getattr(args, "codec_threads", None) or 0,
                           heap_map_threshold=getattr(args, "heap_map_threshold", EngineSettings.heap_map_threshold),
                           codec_runtime=codec_runtime, cp_runtime=cp_runtime,
-                          prefix_cache=getattr(args, "prefix_cache", EngineSettings.prefix_cache))
+                          prefix_cache=getattr(args, "prefix_cache", EngineSettings.prefix_cache),
+                          runaway=getattr(args, "runaway", EngineSettings.runaway),
+                          runaway_retries=getattr(args, "runaway_retries", EngineSettings.runaway_retries))

@@ -147,6 +147,9 @@ class Usage(BaseModel):
     frames: int = Field(description="codec frames made (= output_tokens; 12.5 a second)")
     first_audio_s: float | None = Field(
         description="seconds from the request's arrival to the first audio sent; null without audio")
+    runaways: int = Field(0, description="runaways the engine caught: a segment whose codes looped, or that ran "
+                                         "out of the frames its text may take (docs/reliability.md, Runaway)")
+    runaway_retries: int = Field(0, description="of those, loops retried with a new random state")
 
 
 _COUNT = {"type": "integer", "minimum": 0}
@@ -164,7 +167,7 @@ SPEECH_SSE_EVENT = {"oneOf": [
                                         "description": "the next bytes of the audio file"}),
     _event("speech.audio.done", usage={"type": "object", "required": list(Usage.model_fields), "properties": {
         **{k: {"type": "integer", "minimum": 0} for k in ("input_tokens", "output_tokens", "total_tokens",
-                                                           "characters", "frames")},
+                                                           "characters", "frames", "runaways", "runaway_retries")},
         "normalized_characters": {"type": ["integer", "null"], "minimum": 0},
         "audio_seconds": {"type": "number", "minimum": 0},
         "first_audio_s": {"type": ["number", "null"], "minimum": 0}}}),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from qwen3_tts_gguf.convert.model_shapes import MODEL_TYPES, SHAPES
 from qwen3_tts_gguf.env_flags import EnvArgumentParser
-from qwen3_tts_gguf.flags import COUNT, COUNT0, SEED, add_device_args, number, threads_flag
+from qwen3_tts_gguf.flags import COUNT, COUNT0, SEED, add_device_args, add_runaway_args, number, threads_flag
 
 """`serve` flags read QTTS_<FLAG> from the environment (`env_flags.py`)."""
 
@@ -236,7 +236,8 @@ def _cmd_synth(args: argparse.Namespace) -> int:
                                                    n_ctx=args.n_ctx or 0, codec_overlap=not args.no_codec_overlap,
                                                    codec_threads=args.codec_threads or 0,
                                                    heap_map_threshold=args.heap_map_threshold,
-                                                   codec_runtime=args.codec_runtime, cp_runtime=args.cp_runtime))
+                                                   codec_runtime=args.codec_runtime, cp_runtime=args.cp_runtime,
+                                                   runaway=args.runaway, runaway_retries=args.runaway_retries))
     except (ModelFolderError, OSError) as e:
         raise CliError(str(e)) from e
     manifest = model.manifest
@@ -461,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voices-dir", type=Path, help="voice profiles folder (default: voices/, or QTTS_VOICES_DIR)")
     p.add_argument("--threads", **threads_flag())
     add_device_args(p)
+    add_runaway_args(p)
     p.set_defaults(func=_cmd_synth)
 
     p = sub.add_parser("voice", help="cloned voices: create, design, list, delete")

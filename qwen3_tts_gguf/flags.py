@@ -40,6 +40,20 @@ def threads_flag(purpose: str = "") -> dict:
                      f"cgroup CPU quota; at most {MAX_THREADS})")
 
 
+def add_runaway_args(p: argparse.ArgumentParser) -> None:
+    """The runaway guard (speak and serve alike): what a segment whose codebook 0 loops gets."""
+    from qwen3_tts_gguf.model.loaded import MAX_RUNAWAY_RETRIES, RUNAWAY_ACTIONS, EngineSettings
+
+    p.add_argument("--runaway", choices=RUNAWAY_ACTIONS, default=EngineSettings.runaway,
+                   help="a segment whose codebook 0 falls into a loop (a phrase or a sound repeated): end it where "
+                        "the loop began, or retry from there with a new random state (the seed still decides it), "
+                        "at most --runaway-retries times a stream, then end; off leaves it to the frame budget "
+                        "(docs/reliability.md, Runaway; default %(default)s)")
+    p.add_argument("--runaway-retries", type=number(int, 0, MAX_RUNAWAY_RETRIES), default=EngineSettings.runaway_retries,
+                   metavar="N", help=f"retries per stream with --runaway retry (0 to {MAX_RUNAWAY_RETRIES}, "
+                                     "default %(default)s)")
+
+
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
     from qwen3_tts_gguf.model.loaded import KV_CELLS_PER_STREAM, MAX_KV_CELLS, MAX_THREADS, MIN_KV_CELLS

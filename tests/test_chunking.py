@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from qwen3_tts_gguf.engine.chunking import ChunkPlan
-from qwen3_tts_gguf.engine.request import SynthesisRequest
+from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.engine.scheduler import Engine
 from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.model.sampler import SamplingParams
 
 RAMP = (1, 2, 4, 8)
 FRAME_S = 0.08
@@ -92,7 +93,7 @@ class DrivenClock:
         return self.now
 
 
-def _run_on_driven_clock(folder, adaptive: bool, rtf: float, frames: int = 48):
+def _run_on_driven_clock(folder, adaptive: bool, rtf: float, frames: int = 48, seed: int | None = None):
     model = LoadedModel(folder, EngineSettings(max_streams=1, threads=1, prefix_cache=0, adaptive_chunks=adaptive))
     engine = Engine(model)
     clock = engine.clock = DrivenClock()
@@ -106,28 +107,59 @@ def _run_on_driven_clock(folder, adaptive: bool, rtf: float, frames: int = 48):
 
     def codec(codes, state=None):
         clock.now += codec_cost(len(codes))
-        arrivals.append((clock.now, len(codes)))
+        calls.append((clock.now, len(codes)))
         return codec_decode(codes, state)
 
     model.talker.decode, model.codec.decode = decode, codec
+    greedy = SamplingParams(greedy=True)  # (the same codes without a seed)
     request = SynthesisRequest("Hello world, this is a chunking test.", VoiceSpec(speaker="ryan", language="english"),
-                               seed=5, max_frames=frames, ignore_eos=True)
+                               talker=TalkerSampling(greedy), code_predictor=greedy, seed=seed, max_frames=frames,
+                               ignore_eos=True)
+    calls = []  # (clock after the call, frames)
     with engine:
         stream = engine.submit(request)
         chunks = list(stream)
     model.close()
-    wav = np.concatenate([c.samples for c in chunks])
-    assert [c.n_frames for c in chunks] == [n for _, n in arrivals]
-    return arrivals, stream.result.codes, wav
+    ends = np.cumsum([n for _, n in calls])
+    for chunk in chunks:  # a chunk arrives after the call that decodes its last frame
+        arrivals.append((calls[int(np.searchsorted(ends, chunk.first_frame + chunk.n_frames))][0], chunk.n_frames))
+    return arrivals, [n for _, n in calls], stream.result.codes, np.concatenate([c.samples for c in chunks])
 
 
 def test_engine_chunks_keep_a_player_fed_and_the_samples_equal(tiny_cv_f32):
     """Fast profile at 0.8 of real time on a driven clock: the fixed ramp stalls, the engine's plan
     does not; codes equal, and the audio equals within the codec's chunking tolerance."""
-    arrivals, codes, wav = _run_on_driven_clock(tiny_cv_f32, adaptive=True, rtf=0.8)
-    fixed_arrivals, fixed_codes, fixed_wav = _run_on_driven_clock(tiny_cv_f32, adaptive=False, rtf=0.8)
+    arrivals, calls, codes, wav = _run_on_driven_clock(tiny_cv_f32, adaptive=True, rtf=0.8)
+    fixed_arrivals, _, fixed_codes, fixed_wav = _run_on_driven_clock(tiny_cv_f32, adaptive=False, rtf=0.8)
+    assert calls == [n for _, n in arrivals]  # a chunk is one codec call
     assert stalls(fixed_arrivals) > 0
     assert stalls(arrivals) == 0
     assert [n for _, n in arrivals] != [n for _, n in fixed_arrivals]
     np.testing.assert_array_equal(codes, fixed_codes)
     np.testing.assert_allclose(wav, fixed_wav, atol=1e-4)
+
+
+def test_a_seeded_stream_calls_the_codec_on_its_grid_whatever_the_timing(tiny_cv_f32):
+    """A seeded stream: its chunks end on its codec grid (1, 3, 7, 11, ... frames) and its calls
+    follow the grid, so early chunks change no bit of its audio; the price is the fixed ramp's first
+    chunks (a player started at the first chunk waits twice at 0.8 of real time, not at all unseeded)."""
+    arrivals, calls, codes, wav = _run_on_driven_clock(tiny_cv_f32, adaptive=True, rtf=0.8, seed=5)
+    fixed_arrivals, fixed_calls, fixed_codes, fixed_wav = _run_on_driven_clock(tiny_cv_f32, adaptive=False,
+                                                                                 rtf=0.8, seed=5)
+    sizes = [n for _, n in arrivals]
+    assert sizes[:3] == [1, 2, 4] and sizes != [n for _, n in fixed_arrivals]  # early chunks, on the grid
+    ends = np.cumsum(sizes)[:-1]
+    assert all(end in (1, 3) or end >= 7 and (end - 7) % 4 == 0 for end in ends)
+    assert calls == fixed_calls == [1, 2] + [4] * 11 + [1]
+    assert stalls(arrivals) == 2 < stalls(fixed_arrivals)  # (the second and third chunks; the ramp's a fourth)
+    np.testing.assert_array_equal(codes, fixed_codes)
+    assert wav.tobytes() == fixed_wav.tobytes()
+
+
+def test_the_grid_cuts_chunks_and_calls_at_the_ramp_then_every_four_frames():
+    plan = ChunkPlan(RAMP, FRAME_S, grid=4)
+    assert [plan.cut(0, n) for n in (1, 2, 3)] == [1, 1, 3]
+    assert [plan.cut(3, n) for n in (3, 4, 7, 8, 9)] == [0, 4, 4, 8, 8]
+    assert plan.calls(0, 15) == [1, 2, 4, 4, 4] and plan.calls(1, 8) == [2, 4, 2] and plan.calls(7, 11) == [4, 4, 3]
+    assert ChunkPlan(RAMP, FRAME_S).cut(3, 3) == 3 and ChunkPlan(RAMP, FRAME_S).calls(3, 11) == [11]
+    assert ChunkPlan((6,), FRAME_S, grid=4).calls(0, 14) == [4, 2, 4, 2, 2]

@@ -193,7 +193,8 @@ def test_record_writes_the_line_of_any_socket_route(tmp_path):
     assert (line["request_id"], line["route"], line["key_id"], line["finish_reason"]) == ("resp_1", "/v1/realtime",
                                                                                           None, "eos")
     assert line["usage"] == {"input_tokens": 3, "output_tokens": 5, "total_tokens": 8, "characters": len("Whole text."),
-                             "normalized_characters": None, "audio_seconds": 0.4, "frames": 5, "first_audio_s": 0.25}
+                             "normalized_characters": None, "audio_seconds": 0.4, "frames": 5, "first_audio_s": 0.25,
+                             "runaways": 0, "runaway_retries": 0}
 
 
 def test_normalized_characters_come_from_the_engine_result():
@@ -207,7 +208,7 @@ def test_normalized_characters_come_from_the_engine_result():
     result.normalized_chars = 21  # "$5 on 2026-11-30" spoken as words
     assert usage(result, characters=7, samples=0, sample_rate=24000, first_audio_s=None) == {
         "input_tokens": 4, "output_tokens": 10, "total_tokens": 14, "characters": 7, "normalized_characters": 21,
-        "audio_seconds": 0.0, "frames": 10, "first_audio_s": None}
+        "audio_seconds": 0.0, "frames": 10, "first_audio_s": None, "runaways": 0, "runaway_retries": 0}
     # the result not known yet (a client that left): the frames of the audio taken stand in
     assert usage(None, characters=3, samples=1920, sample_rate=24000, first_audio_s=0.5, frames_taken=1)[
         "frames"] == 1

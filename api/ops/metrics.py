@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
+from qwen3_tts_gguf.engine.runaway import RUNAWAY_COUNTS
 from qwen3_tts_gguf.runtime import locks
 
 from api.ops.lifecycle import PROCESS
@@ -142,6 +143,13 @@ class Metrics:
                  detached_streams),
                 ("qtts_draining", "1 while the server drains before it stops, else 0.", int(draining))):
             lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge", f"{name} {value}"]
+        lines += ["# HELP qtts_runaways_total Runaways the engine caught, by model, kind (loop: codebook 0 repeated; "
+                  "budget: a segment used up the frames its text may take) and action (end, retry).",
+                  "# TYPE qtts_runaways_total counter"]
+        for served in registry.models:
+            stats = served.engine.stats
+            lines += [f"qtts_runaways_total{_labels((('model', served.id), ('kind', kind), ('action', action)))} "
+                      f"{stats[f'runaway_{kind}_{action}']}" for kind, action in RUNAWAY_COUNTS]
         lines += locks.prometheus_lines()  # how long work waited for a GPU device (none on CPU)
         return "\n".join(lines) + "\n"
 

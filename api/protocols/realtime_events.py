@@ -461,7 +461,7 @@ def response_status(reason: str, limit: str | None, error: APIError | None,
 
     eos -> completed; cancelled -> cancelled (reason client_cancelled when the client asked);
     error -> failed (with the error); max_frames -> incomplete (max_output_tokens); budget,
-    context_full and the live-text limits (idle_timeout, session_length) -> incomplete with that reason.
+    runaway, context_full and the live-text limits (idle_timeout, session_length) -> incomplete with that reason.
     """
     if reason == "error":
         detail = {"type": error.type, "code": error.code, "message": error.message} if error else None

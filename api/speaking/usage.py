@@ -15,6 +15,9 @@
     frames                 codec frames made (= output_tokens)
     first_audio_s          seconds to the first audio sent: from the request's arrival (HTTP), from
                            the first text (sockets); null when no audio was sent
+    runaways               runaways the engine caught (`SynthesisResult.runaway`): a segment whose
+                           codebook 0 looped, or that used up its frame budget; 0 when none or unknown
+    runaway_retries        of those, loops retried with a new random state (`--runaway retry`)
 
 The usage log (`serve --usage-log PATH`, `QTTS_USAGE_LOG`) gets one JSON line per finished stream
 of every route (`USAGE_LOG_FIELDS`): plain audio responses, whose body has no room for usage, are
@@ -39,7 +42,7 @@ from typing import Any
 log = logging.getLogger("api.speaking.usage")
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens", "characters", "normalized_characters",
-                "audio_seconds", "frames", "first_audio_s")
+                "audio_seconds", "frames", "first_audio_s", "runaways", "runaway_retries")
 USAGE_LOG_FIELDS = ("time", "request_id", "route", "stream_format", "response_format", "model", "voice", "key_id",
                     "finish_reason", "usage")
 """One usage log line: `time` (UTC, ISO 8601, when the stream finished), `request_id` (the HTTP
@@ -55,6 +58,7 @@ def usage(result: Any, *, characters: int, samples: int, sample_rate: int, first
     text_tokens = result.text_tokens if result is not None else 0
     frames = result.frames if result is not None else frames_taken
     normalized = getattr(result, "normalized_chars", None)
+    runaway = getattr(result, "runaway", None) or []
     return {
         "input_tokens": text_tokens, "output_tokens": frames, "total_tokens": text_tokens + frames,
         "characters": characters,
@@ -63,6 +67,8 @@ def usage(result: Any, *, characters: int, samples: int, sample_rate: int, first
         "audio_seconds": round(samples / sample_rate, 4) if sample_rate else 0.0,
         "frames": frames,
         "first_audio_s": None if first_audio_s is None else round(max(first_audio_s, 0.0), 4),
+        "runaways": len(runaway),
+        "runaway_retries": sum(event["action"] == "retry" for event in runaway),
     }
 
 

@@ -267,7 +267,7 @@ def _render_latency(w, head: dict, quant: str, cp: str, threads: str) -> None:
     w("A short sentence the engine has not seen (a new one each run), speaker ryan, `Engine.submit` → first "
       "`AudioChunk` (one frame, 80 ms of audio) in the caller's hand. *Cold*: the voice's prompt prefix (role, "
       "speaker and language rows) is prefilled with the request (prefix cache cleared first); *cached*: the "
-      "same voice's previous request left its prefix in the KV cache, so only the rows after it are prefilled. "
+      "same voice's previous request left its prefix in the prefix cache, so only the rows after it are prefilled. "
       "Non-streaming text mode puts the whole text in the prompt (the HTTP default for CustomVoice); streaming text "
       "mode (the WebSocket and `stream_format` live text) puts only the first text token there. *Live*: a "
       "streaming-text stream opened with no text (as a WebSocket `start`), its words pushed 0.4 s later (an LLM's "

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from qwen3_tts_gguf.engine.chunking import ChunkPlan
+from qwen3_tts_gguf.engine.request import TalkerSampling
+from qwen3_tts_gguf.engine.runaway import RunawayGuard
 from qwen3_tts_gguf.engine.stream import Stream
 from qwen3_tts_gguf.engine.text_sources import FedText, FixedText
 from qwen3_tts_gguf.model.codec import CodecState
+
+REPLAY_ROWS = 20
+"""Decode rows kept per stream, newest last: a runaway retry goes back at most the frames not yet
+decoded (iteration.MAX_PENDING_FRAMES) and decodes the row before them again."""
 
 
 class StreamFault(Exception):
@@ -27,6 +34,10 @@ class ActiveStream:
     stream: Stream
     seq: int
     rng: np.random.Generator
+    seed: int = 0  # the stream's seed (drawn when the request gave none): a runaway retry's random state comes from it
+    guard: RunawayGuard = field(default_factory=lambda: RunawayGuard("off", 0))
+    talker_sampling: TalkerSampling | None = None  # codebook 0's sampling, when not the request's (a greedy retry)
+    recent_rows: deque = field(default_factory=lambda: deque(maxlen=REPLAY_ROWS))  # (segment frame, pos, row)
     segment_frames: int = 0
     pos: int = 0  # next talker position
     reserved: int = 0  # KV cells held for this stream's worst case
@@ -47,3 +58,16 @@ class ActiveStream:
     @property
     def text(self) -> FixedText | FedText:
         return self.stream.text
+
+    @property
+    def sampling(self) -> TalkerSampling:
+        """Codebook 0's sampling settings."""
+        return self.talker_sampling or self.stream.request.talker
+
+    def frames_due(self, now: float) -> int:
+        """How many of the pending frames go to the codec now: none until a chunk is due, then all of
+        them, or for a seeded stream those up to its codec grid's last point (chunking.py)."""
+        pending = len(self.pending)
+        if not pending or not self.chunks.due(pending, now):
+            return 0
+        return self.chunks.cut(len(self.codes) - pending, pending)

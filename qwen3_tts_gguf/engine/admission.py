@@ -12,8 +12,10 @@ from qwen3_tts_gguf.engine.active import ActiveStream
 from qwen3_tts_gguf.engine.chunking import ChunkPlan
 from qwen3_tts_gguf.engine.health import EngineBusy, EngineStopped
 from qwen3_tts_gguf.engine.request import SynthesisRequest
+from qwen3_tts_gguf.engine.runaway import RunawayGuard
 from qwen3_tts_gguf.engine.stream import Stream
 from qwen3_tts_gguf.engine.text_sources import FedText, frame_budget
+from qwen3_tts_gguf.model.codec import MAX_CALL_FRAMES
 from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, PromptError
 from qwen3_tts_gguf.text.segments import split_segments
 
@@ -86,22 +88,14 @@ class Admission:
         return act.text.worst_cells(frames, self.model.talker.cells_per_stream)
 
     def _cells_in_use(self) -> int:
-        return sum(a.reserved for a in self._active.values()) + sum(rows for _, rows in self._prefixes.values())
+        return sum(a.reserved for a in self._active.values())
 
     def _shared_pool(self) -> bool:
         return self.model.talker.cells_per_stream == self.settings.kv_cells
 
     def _make_room(self, need: int) -> bool:
-        """Whether `need` more cells fit the shared pool, evicting cached prefixes if that helps."""
-        if not self._shared_pool():
-            return True
-        while self._cells_in_use() + need > self.settings.kv_cells and self._prefixes:
-            self._evict_oldest_prefix()
-        return self._cells_in_use() + need <= self.settings.kv_cells
-
-    def _evict_oldest_prefix(self) -> None:
-        _, (seq, _) = self._prefixes.popitem(last=False)
-        self.model.talker.drop(seq)
+        """Whether `need` more cells fit the shared pool (cached prefixes hold none: prefix_cache.py)."""
+        return not self._shared_pool() or self._cells_in_use() + need <= self.settings.kv_cells
 
     def _enqueue(self, stream: Stream) -> Stream:
         """Queue a stream: a live one without a final token waits apart (bounded by max_pending_live)
@@ -160,8 +154,12 @@ class Admission:
         it has a slot."""
         req = stream.request
         seed = req.seed if req.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
-        act = ActiveStream(stream=stream, seq=-1, rng=np.random.default_rng(seed),
+        # a seeded stream's codec calls follow its grid, so that timing cannot change its audio's bits
+        grid = getattr(self.model.codec, "max_call_frames", MAX_CALL_FRAMES) if req.seed is not None else 0
+        guard = RunawayGuard("off" if req.ignore_eos else self.settings.runaway, self.settings.runaway_retries)
+        act = ActiveStream(stream=stream, seq=-1, rng=np.random.default_rng(seed), seed=seed, guard=guard,
                       chunks=ChunkPlan(self.settings.chunk_frames, self._frame_s,
-                                       adaptive=self.settings.adaptive_chunks and not self.settings.deterministic))
+                                       adaptive=self.settings.adaptive_chunks and not self.settings.deterministic,
+                                       grid=grid))
         act.reserved = self._reservation(act)
         return act

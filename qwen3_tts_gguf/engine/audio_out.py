@@ -32,12 +32,12 @@ class AudioOut:
                 self._primed.pop(next(iter(self._primed)))
         return state
 
-    def _emit(self, act: ActiveStream) -> None:
-        """The stream's pending frames to the codec: here, or queued in its codec lane (unless a call
-        of this stream is still there: then they wait and join the next one). A stream's first chunk
-        is decoded here, with the cores to itself: overlapped, it came 0.03-0.13 s later."""
+    def _emit(self, act: ActiveStream, n: int) -> None:
+        """The stream's first `n` pending frames to the codec: here, or queued in its codec lane (unless
+        a call of this stream is still there: then they wait and join the next one). A stream's first
+        chunk is decoded here, with the cores to itself: overlapped, it came 0.03-0.13 s later."""
         if not self._codec_lanes or act.chunks.start is None:  # the first chunk: at once, for first audio
-            frames, act.pending = act.pending, []
+            frames, act.pending = act.pending[:n], act.pending[n:]
             try:
                 self._emit_audio(act, frames)
             except Exception as e:
@@ -45,7 +45,7 @@ class AudioOut:
             return
         if act.codec_busy:
             return
-        frames, act.pending = act.pending, []
+        frames, act.pending = act.pending[:n], act.pending[n:]
         act.codec_busy = True
         self._lane(act).submit(self._codec_job, act, frames)
 
@@ -78,7 +78,12 @@ class AudioOut:
         if act.codec_state is None and reference is not None:
             # the reference frames are the decoder's left context: the first frame already has it
             act.codec_state = self._primed_state(reference.codes)
-        wav, act.codec_state = self.model.codec.decode(frames, act.codec_state)
+        parts, at = [], 0
+        for size in act.chunks.calls(act.decoded_frames, len(frames)):  # (one, or the seeded grid's)
+            wav, act.codec_state = self.model.codec.decode(frames[at:at + size], act.codec_state)
+            parts.append(wav)
+            at += size
+        wav = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if not np.isfinite(wav).all():
             raise FloatingPointError("the codec made non-finite samples")
         act.timings["codec_s"] += time.perf_counter() - t0
@@ -132,4 +137,5 @@ class AudioOut:
         stream._put(SynthesisResult(frames=len(act.codes), text_tokens=text.text_tokens,
                                     finish_reason=reason, codes=codes, error=error, timings=timings,
                                     retryable=retryable, progress=text.final_progress(reason),
-                                    text_chars=text.raw_chars, normalized_chars=text.normalized_chars))
+                                    text_chars=text.raw_chars, normalized_chars=text.normalized_chars,
+                                    runaway=[e.as_dict() for e in act.guard.events]))

@@ -6,12 +6,14 @@ stream with its random state and KV cells rewound, so only the culprit fails.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from qwen3_tts_gguf.engine.active import ActiveStream, StreamFault
+from qwen3_tts_gguf.engine.runaway import Loop, RunawayEvent
 from qwen3_tts_gguf.engine.text_sources import FedText
-from qwen3_tts_gguf.model.sampler import sample_code0
+from qwen3_tts_gguf.model.sampler import SamplingParams, sample_code0
 from qwen3_tts_gguf.model.talker import DecodeItem
 
 MAX_PENDING_FRAMES = 16
@@ -71,22 +73,35 @@ class Iteration:
                 act.text.frame_made(act.segment_frames)
                 act.chunks.frame_made(self.clock())
                 limit, reason = self._frame_limit(act)
-                if act.segment_frames >= limit:
-                    try:
-                        if self._next_segment(act):
-                            prefill.append(act)
-                        else:
-                            ended.append((act, reason))  # no next talker step: ends once its audio is flushed
-                    except StreamFault as fault:
-                        self._fail(act, fault)
+                loop = act.guard.check(act.text.segment_text(), self._segment_code0(act))
+                if loop is not None:
+                    replay = self._runaway_loop(act, loop)
+                    if replay is not None:  # retried: the row before the frames kept is decoded again
+                        items.append(replay)
+                        owners.append(act)
+                        continue
+                    reason = "runaway"
+                elif act.segment_frames >= limit:
+                    if reason == "budget":
+                        self._runaway_event(act, "budget", "end")
+                else:
+                    row = (frame_embedding + rows[id(act)])[None]
+                    act.recent_rows.append((act.segment_frames - 1, act.pos, row))
+                    items.append(DecodeItem(act.seq, act.pos, row))
+                    owners.append(act)
                     continue
-                items.append(DecodeItem(act.seq, act.pos, (frame_embedding + rows[id(act)])[None]))
-                owners.append(act)
+                try:
+                    if self._next_segment(act):
+                        prefill.append(act)
+                    else:
+                        ended.append((act, reason))  # no next talker step: ends once its audio is flushed
+                except StreamFault as fault:
+                    self._fail(act, fault)
         # 4. audio that is due, before the talker step: a chunk's latency need not include it (also of
         # streams that did not step: a player may be running dry, or their codec lane was busy)
         for act in list(self._active.values()):
-            if act.pending and not act.stream.cancelled and act.chunks.due(len(act.pending), self.clock()):
-                self._emit(act)
+            if not act.stream.cancelled and (due := act.frames_due(self.clock())):
+                self._emit(act, due)
         # 5. prompts of admitted streams and new segments join the same decode
         for act in prefill:
             if act.seq not in self._active:
@@ -139,7 +154,7 @@ class Iteration:
         row = act.text.row(act.segment_frames)
         req = act.stream.request
         try:
-            c0 = sample_code0(act.logits, act.history, act.segment_frames, req.talker, act.rng, eos_id=eos,
+            c0 = sample_code0(act.logits, act.history, act.segment_frames, act.sampling, act.rng, eos_id=eos,
                               allow_eos=not req.ignore_eos)
             if not 0 <= c0 < len(act.logits):
                 raise ValueError(f"sampled code {c0} is out of range")
@@ -184,9 +199,10 @@ class Iteration:
         """One talker decode for every item; if it fails, each item alone (KV cells rewound)."""
         talker = self.model.talker
         threads = self.model.stage_threads
-        if threads.talker_step < threads.talker_batch:
+        if threads.talker_step < threads.talker_batch and talker.thread_invariant:
             # a step leaves a core to the codec lanes only while one of their calls is in flight (a
-            # lane call starts only from this thread, so none starts during the decode)
+            # lane call starts only from this thread, so none starts during the decode); only where the
+            # thread count cannot change the numbers (a quantized KV cache), as timing decides it
             busy = self._codec_in_flight()
             talker.set_step_threads(threads.talker_step if busy else threads.talker_batch)
         t0 = time.perf_counter()
@@ -227,4 +243,43 @@ class Iteration:
             raise self._fault("prompt", e) from None
         self.model.talker.drop(act.seq)
         act.segment_frames, act.pos, act.logits, act.hidden, act.history = 0, 0, None, None, set()
+        act.guard.next_segment()
+        act.recent_rows.clear()
+        act.talker_sampling = None
         return True
+
+    @staticmethod
+    def _segment_code0(act: ActiveStream) -> np.ndarray:
+        n = act.segment_frames
+        return np.fromiter((f[0] for f in act.codes[len(act.codes) - n:]), np.int64, n)
+
+    def _runaway_event(self, act: ActiveStream, kind: str, action: str, period: int = 0) -> None:
+        segment = getattr(act.text, "segment", 0)
+        act.guard.events.append(RunawayEvent(kind, action, segment, act.segment_frames, period))
+        self.stats[f"runaway_{kind}_{action}"] += 1
+
+    def _runaway_loop(self, act: ActiveStream, loop: Loop) -> DecodeItem | None:
+        """A loop found (runaway.py): its repeats not yet decoded are dropped; then the segment ends
+        (None), or, retried, goes on from there with a new random state (the item to decode again)."""
+        keep = max(loop.keep, act.segment_frames - len(act.pending))  # what went to the codec stays
+        replay = next(((pos, row) for k, pos, row in act.recent_rows if k == keep - 1), None)
+        action = act.guard.decide() if replay is not None else "end"
+        self._runaway_event(act, "loop", action, loop.period)
+        if drop := act.segment_frames - keep:
+            del act.codes[-drop:]
+            del act.pending[-drop:]
+            act.segment_frames = keep
+        if action == "end":
+            return None
+        while act.recent_rows and act.recent_rows[-1][0] >= keep:
+            act.recent_rows.pop()
+        pos, row = replay
+        self.model.talker.truncate(act.seq, pos)
+        act.pos = pos
+        act.history = {int(f[0]) for f in act.codes[len(act.codes) - keep:]}
+        act.rng = np.random.default_rng([act.seed, act.guard.retried])
+        if act.sampling.params.greedy:  # greedy would only make the same loop again
+            default = SamplingParams.from_generation_config({**self.model.manifest.sampling, "do_sample": True})
+            act.talker_sampling = replace(act.sampling, params=default)
+        act.guard.since = keep
+        return DecodeItem(act.seq, pos, row)

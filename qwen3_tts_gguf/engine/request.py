@@ -10,7 +10,9 @@ from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
 from qwen3_tts_gguf.text.normalization import TEXT_NORMALIZATION
 
-FINISH_REASONS = ("eos", "max_frames", "budget", "context_full", "cancelled", "error")
+FINISH_REASONS = ("eos", "max_frames", "budget", "runaway", "context_full", "cancelled", "error")
+"""budget: the last segment ran out of the frames its text may take; runaway: its codebook 0 looped
+(engine/runaway.py)."""
 
 
 @dataclass(frozen=True)
@@ -103,3 +105,5 @@ class SynthesisResult:
     progress: TextProgress | None = None
     text_chars: int = 0
     normalized_chars: int | None = None
+    runaway: list[dict] = field(default_factory=list)
+    """The stream's runaways, in order (runaway.RunawayEvent.as_dict: kind, action, segment, frame, period)."""

@@ -23,9 +23,9 @@ fails the streams it touched and resets the engine's state; if the worker thread
 says so, waiting requests are failed, and `restart()` starts a new worker (`api/registry.py`
 supervises). KV cells are reserved per stream for its worst case before it starts; a prompt that
 cannot fit one stream's context is refused at submit (`ContextLengthExceeded`).
-Voice prefixes (role, speaker, language rows) stay in the KV cache for later streams of the same
-voice (fast profile); a live stream still waiting for its first words has its voice prefix prefilled
-meanwhile, so its words only prefill themselves.
+Voice prefixes (role, speaker, language rows) are kept prefilled (their KV rows saved) for later
+streams of the same voice (fast profile); a live stream still waiting for its first words has its
+voice prefix prefilled meanwhile, so its words only prefill themselves.
 The engine knows nothing of HTTP.
 """
 
@@ -41,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from qwen3_tts_gguf.engine.active import ActiveStream
 from qwen3_tts_gguf.engine.health import EngineBusy, EngineHealth, EngineStopped
 from qwen3_tts_gguf.engine.request import SynthesisRequest
+from qwen3_tts_gguf.engine.runaway import RUNAWAY_COUNTS
 from qwen3_tts_gguf.engine.stream import Stream
 from qwen3_tts_gguf.engine.text_sources import FedText, FixedText
 from qwen3_tts_gguf.model.codec import CodecState
@@ -88,12 +89,13 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
         self.heartbeat = time.monotonic()
         """Updated by the worker at least every 0.25 s while it is not inside one model call."""
         self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0, "errors": 0,
-                      "prefix_hits": 0, "prefixes_warmed": 0, "paused": 0}
+                      "prefix_hits": 0, "prefixes_warmed": 0, "paused": 0,
+                      **{f"runaway_{kind}_{action}": 0 for kind, action in RUNAWAY_COUNTS}}
         self._primed: dict[str, CodecState] = {}
-        # voice prefixes kept in the KV cache: key -> (sequence, rows), least recently used first
-        self._prefixes: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        first = self.settings.max_streams
-        self._prefix_seqs = list(range(first, first + Talker.prefix_slots(model.talker.settings)))
+        # voice prefixes: key -> their saved KV rows (Talker.save), least recently used first (prefix_cache.py)
+        self._prefixes: OrderedDict[str, bytes] = OrderedDict()
+        self._prefix_room = self.settings.prefix_cache if Talker.prefix_slots(model.talker.settings) else 0
+        self._scratch_seq = self.settings.max_streams  # the sequence prefixes are saved from
         self._forget_prefixes = False
         self._warm_tried: set[int] = set()  # ids of live streams waiting for text whose prefix was tried
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
@@ -219,11 +221,11 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
     @property
     def prefix_slots(self) -> int:
         """Voice prefixes the engine keeps prefilled (0 in the deterministic profile)."""
-        return len(self._prefix_seqs)
+        return self._prefix_room
 
     def clear_prefix_cache(self) -> None:
-        """Forget every cached voice prefix (the engine thread frees their KV cells before it
-        admits the next request), e.g. to measure a voice's first request."""
+        """Forget every cached voice prefix (the engine thread drops them before it admits the next
+        request), e.g. to measure a voice's first request."""
         with self._wake:
             self._forget_prefixes = True
             self._wake.notify_all()
@@ -244,9 +246,9 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
     def _runnable(self) -> bool:
         if any(s.cancelled for s in self._waiting_text):
             return True
-        if self._prefix_seqs and any(id(s) not in self._warm_tried for s in self._waiting_text):
+        if self._prefix_room and any(id(s) not in self._warm_tried for s in self._waiting_text):
             return True
-        if any(a.codec_fault is not None or (a.pending and not a.codec_busy and a.chunks.due(len(a.pending), self.clock()))
+        if any(a.codec_fault is not None or (not a.codec_busy and a.frames_due(self.clock()))
                for a in self._active.values()):
             return True
         if self._waiting and self._free_seqs and self._room_changed:  # (never spin on one that cannot fit)
@@ -309,11 +311,8 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
                 if self._stopping:
                     break
                 if self._forget_prefixes:
-                    for seq, _ in self._prefixes.values():
-                        self.model.talker.drop(seq)
                     self._prefixes.clear()
                     self._forget_prefixes = False
-                    self._room_changed = True
                 admitted = self._admit()
                 unwarmed = self._unwarmed_prefixes()
             try:

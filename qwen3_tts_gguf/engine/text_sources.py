@@ -200,6 +200,9 @@ class FixedText(_TextSource):
     def segment_tokens(self) -> int:
         return self._tokens[self.segment]
 
+    def segment_text(self) -> str:
+        return self._segments[self.segment]
+
     def worst_cells(self, budget: Callable[[int], int], cap: int) -> int:
         """KV cells the stream may need at most: its largest segment's prefill + frame budget."""
         return min(cap, max(rows + budget(tokens) for rows, tokens in zip(self.prefill_sizes, self._tokens)))
@@ -339,6 +342,9 @@ class FedText(_TextSource):
 
     def segment_tokens(self) -> int:
         return max(len(self.feed.snapshot()[0]), 1)
+
+    def segment_text(self) -> str:
+        return self.feed.text
 
     def worst_cells(self, budget: Callable[[int], int], cap: int) -> int:
         """KV cells for the text committed so far (live text grows: the engine re-asks each step)."""

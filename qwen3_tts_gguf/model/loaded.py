@@ -18,8 +18,8 @@ from qwen3_tts_gguf.model.manifest import (
 from qwen3_tts_gguf.model.manifest import TEXT_TABLES_FILE as TEXT_TABLES
 from qwen3_tts_gguf.model.onnx_session import resolve_device
 from qwen3_tts_gguf.model.openvino_session import check_codec_runtime
-from qwen3_tts_gguf.model.runtimes import StageRuntimeError, StageRuntimes, check_stage_runtimes, resolve
 from qwen3_tts_gguf.model.prompt import PromptBuilder
+from qwen3_tts_gguf.model.runtimes import StageRuntimeError, StageRuntimes, check_stage_runtimes, resolve
 from qwen3_tts_gguf.model.tokenizer import TextTokenizer
 from qwen3_tts_gguf.runtime.cpus import StageThreads, default_threads, stage_threads
 from qwen3_tts_gguf.runtime.heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD, map_large_blocks, release_freed_heap
@@ -36,13 +36,16 @@ MAX_THREADS = 256
 """The most threads one runtime is given: beyond the CPUs this process may use they only wait for each other."""
 MAX_STREAMS = 128
 """The most streams one model runs at once: llama.cpp holds at most 256 sequences (LLAMA_MAX_SEQ), shared by
-the streams and the cached voice prefixes (at most MAX_PREFIX_CACHE)."""
+the streams and the prefix cache's scratch sequence."""
 MAX_PREFIX_CACHE = 128
 MAX_PENDING = 10_000
 """The most requests (and, apart, live-text streams) one model lets wait for a slot."""
 MAX_BUFFERED_AUDIO_S = 600.0
 MAX_CHUNK_FRAMES = 64
 MIN_SEGMENT_CHARS, MAX_SEGMENT_CHARS = 8, 100_000
+RUNAWAY_ACTIONS = ("off", "end", "retry")
+"""What the runaway guard does with a segment whose codebook 0 loops (engine/runaway.py)."""
+MAX_RUNAWAY_RETRIES = 8
 
 
 @dataclass(frozen=True)
@@ -59,14 +62,16 @@ class EngineSettings:
     codec_overlap: bool = True  # the codec on threads of its own beside talker and predictor (2+ threads; not deterministic)
     codec_threads: int = 0  # ONNX Runtime threads per codec call; 0: `threads`; fewer: calls in parallel lanes (cpus.stage_threads)
     adaptive_chunks: bool = True  # a chunk goes out early when a player would run dry (chunking.py; not deterministic)
-    budget_base_frames: int = 75  # runaway protection: a stream never exceeds
-    budget_frames_per_token: int = 12  #   base + per_token * text tokens frames
+    budget_base_frames: int = 30  # runaway protection: a segment never exceeds base + per_token * its
+    budget_frames_per_token: int = 12  #   text tokens frames (the margin: docs/reliability.md, Runaway)
+    runaway: str = "retry"  # a segment whose codebook 0 loops: off, end, retry (engine/runaway.py)
+    runaway_retries: int = 2  # retries per stream before a loop ends its segment
     max_pending: int = 64  # requests waiting for a slot before submit refuses
     max_pending_live: int = 64  # live-text streams waiting for their first final token (apart from max_pending)
     max_buffered_audio_s: float = 10.0  # audio a stream may have made ahead of its reader before it pauses
     max_segment_chars: int = 1000  # longer input is split at sentence ends (decoder state carries over)
-    # voice prefixes kept prefilled in the KV cache (0 = off; off when deterministic): a CustomVoice model's
-    # nine speakers and some profiles, about 12 KV cells each, evicted when streams need the cells
+    # voice prefixes kept prefilled (0 = off; off when deterministic): a CustomVoice model's nine speakers and
+    # some profiles, each a saved copy of its KV rows (engine/prefix_cache.py: about 0.7 MiB at 0.6B)
     prefix_cache: int = 16
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
     heap_map_threshold: int = MAP_THRESHOLD  # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
@@ -94,6 +99,8 @@ class EngineSettings:
               f"one or more frame counts of 1 to {MAX_CHUNK_FRAMES}")
         check("budget_base_frames", self.budget_base_frames >= 1, "at least 1")
         check("budget_frames_per_token", self.budget_frames_per_token >= 0, "0 or more")
+        check("runaway", self.runaway in RUNAWAY_ACTIONS, f"one of {', '.join(RUNAWAY_ACTIONS)}")
+        check("runaway_retries", 0 <= self.runaway_retries <= MAX_RUNAWAY_RETRIES, f"0 to {MAX_RUNAWAY_RETRIES}")
         check("max_segment_chars", MIN_SEGMENT_CHARS <= self.max_segment_chars <= MAX_SEGMENT_CHARS,
               f"{MIN_SEGMENT_CHARS} to {MAX_SEGMENT_CHARS}")
         check("heap_map_threshold", 0 <= self.heap_map_threshold <= MAX_MAP_THRESHOLD, f"0 to {MAX_MAP_THRESHOLD}")
