@@ -18,6 +18,7 @@ from api.config import ServerConfig
 from api.errors import install_error_handlers
 from api.ops import headers, metrics
 from api.ops.clients import ClientLimiter
+from api.ops.forwarded import ForwardedHeaders
 from api.ops.hosts import BrowserGuard
 from api.ops.lifecycle import TrackRequests
 from api.ops.logs import AccessLog
@@ -28,22 +29,26 @@ from api.protocols import realtime as realtime_module
 from api.protocols.wyoming import WyomingServer
 from api.registry import ModelRegistry
 from api.routes import capabilities as capabilities_module
-from api.routes import catalog, health, speech
+from api.routes import captions, catalog, health, sdk, speech
 from api.routes import elevenlabs as elevenlabs_routes
 from api.routes import voice_profiles as voice_profiles_module
+from api.sdk.downloads import SdkDownloads
 from api.speaking.warm_up import warm_up
 from api.state import AppState
 from api.voice_jobs import VoiceJobs
 from api.voices import NoVoiceProfiles, StoredVoiceProfiles, VoiceProfiles
 
 # Feature routers, in order.
-ROUTERS: tuple[APIRouter, ...] = (speech.router, websocket.router, catalog.router, voice_profiles_module.router,
+ROUTERS: tuple[APIRouter, ...] = (speech.router, captions.router, websocket.router, catalog.router,
+                                  voice_profiles_module.router,
                                   realtime_module.router, elevenlabs.router, elevenlabs_routes.router,
                                   catalog.elevenlabs_router, health.router, metrics.router,
-                                  capabilities_module.router)
+                                  capabilities_module.router, sdk.router)
 ELEVENLABS_ROUTERS = (elevenlabs.router, elevenlabs_routes.router, catalog.elevenlabs_router)
 """Served again under `elevenlabs.PREFIX` (ElevenLabs' clients' base URL), with ElevenLabs' model list there
 (`catalog.elevenlabs_models`); left out of the OpenAPI document, which describes each route once."""
+BROWSER_SDK = "browser-sdk"
+"""The browser SDK's folder in the console's (`webui/browser-sdk/`): the console imports it, `/sdk/` packs it."""
 
 
 def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles: VoiceProfiles | None = None,
@@ -54,7 +59,8 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
     The web console (`config.webui_dir`) is mounted at `/` last, so API routes always win.
     `app.state.client_limiter` caps each client's speech streams (`clients.py`);
     `app.state.voice_jobs` runs voice cloning and design (`voice_jobs.py`; made by the lifespan);
-    `app.state.wyoming` is the Wyoming listener when `config.wyoming_port` asks for one (`wyoming.py`).
+    `app.state.wyoming` is the Wyoming listener when `config.wyoming_port` asks for one (`wyoming.py`);
+    `app.state.sdk` the SDK downloads (`api/sdk/downloads.py`, served by `routes/sdk.py`).
     """
     if voice_profiles is None:  # profiles live in config.voices_dir (none when it is not set)
         voice_profiles = (StoredVoiceProfiles(VoiceStore(config.voices_dir))
@@ -88,14 +94,17 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
                   description="OpenAI-compatible streaming text-to-speech with Qwen3-TTS.")
     app.state.qtts = state
     app.state.client_limiter = ClientLimiter(limits.requests_per_client(slots), limits.trusted_proxies)
+    browser_sdk = config.webui_dir / BROWSER_SDK if config.webui_dir is not None else None
+    app.state.sdk = SdkDownloads(config.client_dir, browser_sdk, __version__)
     install_error_handlers(app)
     for router in routers:
         app.include_router(router)
     prefixed = [router for router in routers if router in ELEVENLABS_ROUTERS]
     for router in prefixed + ([catalog.elevenlabs_models] if prefixed else []):
         app.include_router(router, prefix=elevenlabs.PREFIX, include_in_schema=False)
-    # add_middleware wraps: the last added runs first (requests in progress for the drain, CORS, request
-    # ids/metrics, the access record, Host and Origin, the key, then the body's size and time)
+    # add_middleware wraps: the last added runs first (a trusted proxy's prefix and scheme, requests in progress
+    # for the drain, CORS, request ids/metrics, the access record, Host and Origin, the key, then the body's size
+    # and time)
     app.add_middleware(BodyLimits, limits=limits)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key,
@@ -107,6 +116,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=list(headers.EXPOSED))
     app.add_middleware(TrackRequests)
+    app.add_middleware(ForwardedHeaders, trusted_proxies=limits.trusted_proxies)  # first: the path all others see
     if config.webui_dir is not None and config.webui_dir.is_dir():
         app.mount("/", StaticFiles(directory=config.webui_dir, html=True), name="webui")
     return app

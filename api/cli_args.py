@@ -17,6 +17,7 @@ from qwen3_tts_gguf.flags import PORT, SECONDS, add_device_args, add_runaway_arg
 from qwen3_tts_gguf.model.loaded import MAX_BUFFERED_AUDIO_S, MAX_PENDING, MAX_PREFIX_CACHE, MAX_STREAMS, EngineSettings
 
 from api.limits import ServerLimits, resume_window
+from api.ops.paths import path_prefix
 
 SERVE_ENV_PREFIX = "QTTS_"
 
@@ -33,6 +34,17 @@ def voice_list(text: str) -> tuple[str, ...]:
     if len(names) > MAX_WARM_UP_VOICES or any(len(name) > 128 for name in names):
         raise argparse.ArgumentTypeError(f"at most {MAX_WARM_UP_VOICES} voice names of at most 128 characters")
     return names
+
+
+def root_path(text: str) -> str:
+    """An argparse type: a path prefix ("/tts"; "tts" and "/tts/" are the same; "" or "/": none)."""
+    try:
+        return path_prefix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+root_path.__name__ = "path"
 
 
 def _shown(name: str, value) -> str:
@@ -120,6 +132,14 @@ def add_serve_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="also serve Wyoming, Home Assistant's voice protocol, on this TCP port (10200 is the usual "
                         "one; no API key there: docs/integrations.md)")
     p.add_argument("--wyoming-host", metavar="ADDRESS", help="address the Wyoming port binds (default: --host)")
+    p.add_argument("--root-path", type=root_path, default="", metavar="PREFIX",
+                   help="the path a reverse proxy serves this server under and strips (/tts: https://example.com/tts/ "
+                        "is this server's /); redirects and /docs carry it (uvicorn's --root-path). A proxy among "
+                        "--trusted-proxies may send X-Forwarded-Prefix instead (docs/deploy.md)")
+    p.add_argument("--ssl-certfile", type=Path, metavar="PEM",
+                   help="serve HTTPS and WSS on --port with this certificate (chain), PEM (uvicorn's --ssl-certfile)")
+    p.add_argument("--ssl-keyfile", type=Path, metavar="PEM",
+                   help="the certificate's private key, PEM, unencrypted (default: in --ssl-certfile)")
     p.add_argument("--warm-up-voices", type=voice_list, metavar="VOICES",
                    help="before the port opens, each of these voices (comma-separated VOICE or VOICE:LANGUAGE, all "
                         "for every model's speakers and fitting profiles up to --prefix-cache, or none) speaks a short "

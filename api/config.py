@@ -19,6 +19,7 @@ from api.ops.clients import parse_networks
 API_KEY_ENV = "QTTS_API_KEY"
 SERVE_WARM_UP_VOICES = ("alloy",)  # OpenAI's best-known voice: what most clients send first
 DEFAULT_WEBUI_DIR = PROJECT_ROOT / "webui"
+DEFAULT_CLIENT_DIR = PROJECT_ROOT / "qtts_client"
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,28 @@ class ServerConfig:
     warm_up_voices: tuple[str, ...] = ()
     """Voices that speak a short text before the port opens (`api/speaking/warm_up.py`); `serve` defaults to
     alloy, an app made in code to none (its engines may be test doubles)."""
+    root_path: str = ""
+    """The path prefix a proxy serves this server under ("/tts"; "" = none): uvicorn's `root_path`
+    (`api/ops/forwarded.py`; a trusted proxy's `X-Forwarded-Prefix` stands in for it per request)."""
+    ssl_certfile: Path | None = None
+    """TLS: the certificate chain (PEM) served on the port; None = plain HTTP (uvicorn's `ssl_certfile`)."""
+    ssl_keyfile: Path | None = None
+    """TLS: its private key (PEM); None = in `ssl_certfile`."""
+    client_dir: Path | None = DEFAULT_CLIENT_DIR
+    """The Python client package (`qtts_client/`) served as a wheel under `/sdk/` when it exists
+    (`api/sdk/`); the browser SDK is `webui_dir / "browser-sdk"`."""
+
+    @property
+    def scheme(self) -> str:
+        """"https" when the port speaks TLS, else "http"."""
+        return "https" if self.ssl_certfile is not None else "http"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> ServerConfig:
         """From the `serve` arguments (a flag left out keeps its default); QTTS_API_KEY stands in for a
         missing --api-key."""
         given = {name: getattr(args, name) for name in ("drain_timeout_s", "log_format", "usage_log", "wyoming_port",
-                                                        "wyoming_host")
+                                                        "wyoming_host", "root_path", "ssl_certfile", "ssl_keyfile")
                  if getattr(args, name, None) is not None}
         warm_up_voices = getattr(args, "warm_up_voices", None)
         return cls(

@@ -7,6 +7,8 @@ document lists no 422: `document_errors`; routes list their statuses with `error
 that is not UTF-8 is 400 `invalid_json`; one sent as something else than JSON (read as JSON all the
 same: `api/ops/middleware.read_as_json`) that is not JSON says what to send. A wrong method is 405
 with the path's `Allow`, also where the web console's mount at `/` would have answered 404 or its own 405.
+On ElevenLabs' speech and dialogue routes the body also carries ElevenLabs' own `"detail": {"status",
+"message"}` (`status`: the envelope's code), so clients written for either shape read it.
 
 Retry semantics for the OpenAI SDK (it retries 408/409/429/5xx twice by default), decided here
 and nowhere else:
@@ -19,6 +21,7 @@ and nowhere else:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,11 +62,15 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> JSONResponse:
+    def response(self, elevenlabs: bool = False) -> JSONResponse:
+        """The answer; `elevenlabs`: with ElevenLabs' own `"detail": {"status", "message"}` beside the envelope."""
         headers = dict(self.headers)
         if self.status_code not in _RETRYABLE_STATUS:
             headers.setdefault("x-should-retry", "false")
-        return JSONResponse(self.body(), status_code=self.status_code, headers=headers)
+        body = self.body()
+        if elevenlabs:
+            body["detail"] = {"status": self.code or self.type, "message": self.message}
+        return JSONResponse(body, status_code=self.status_code, headers=headers)
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
@@ -147,8 +154,16 @@ def validation_error(exc: RequestValidationError) -> APIError:
 # -- handlers ------------------------------------------------------------------------------------
 
 
-async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-    return exc.response()
+ELEVENLABS_SPEECH_PATHS = re.compile(r"^(/elevenlabs)?/v1/text-to-(speech|dialogue)(/|$)")
+"""ElevenLabs' speech and dialogue routes: their errors also carry ElevenLabs' `detail` (`APIError.response`)."""
+
+
+def _answer(request: Request, error: APIError) -> JSONResponse:
+    return error.response(elevenlabs=bool(ELEVENLABS_SPEECH_PATHS.match(get_route_path(request.scope))))
+
+
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return _answer(request, exc)
 
 
 SENT_CONTENT_TYPE = "sent_content_type"
@@ -166,12 +181,13 @@ def _body_not_json(request: Request, error: APIError) -> APIError:
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return _body_not_json(request, validation_error(exc)).response()
+    return _answer(request, _body_not_json(request, validation_error(exc)))
 
 
-API_PREFIXES = ("/v1/", "/v2/", "/audio/", "/elevenlabs/")
+API_PREFIXES = ("/v1/", "/v2/", "/audio/", "/elevenlabs/", "/dev/")
 """Paths that belong to the API (anything else may be a file of the web console): ElevenLabs' `/v2/voices`
-and its routes again under `/elevenlabs/` (`api/protocols/elevenlabs.py`) too."""
+and its routes again under `/elevenlabs/` (`api/protocols/elevenlabs.py`) too, and Kokoro-FastAPI's
+`/dev/captioned_speech` (`api/routes/captions.py`)."""
 _BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads refused
 
 
@@ -206,7 +222,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         allowed = allowed_methods(request)
         if allowed and request.method not in allowed:
             return method_not_allowed(request.method, allowed).response()
-        if not allowed and request.url.path.startswith(API_PREFIXES):  # the console's mount said 405
+        if not allowed and get_route_path(request.scope).startswith(API_PREFIXES):  # the console's mount said 405
             return APIError(f"No API route at {request.url.path}.", status_code=404, code="not_found").response()
     if exc.status_code == 400 and exc.detail == _BODY_PARSE_ERROR:
         # json.loads raised something other than a syntax error: bytes that are not UTF-8, a number

@@ -10,9 +10,11 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from qwen3_tts_gguf.flags import COUNT, COUNT0, SECONDS
+from qwen3_tts_gguf.flags import COUNT, COUNT0, SECONDS, number
 
 MiB = 1024 * 1024
+MAX_DIALOGUE_LINES = 256
+"""The most lines one dialogue may have (`max_dialogue_lines`' ceiling, and the body schema's)."""
 MAX_RESUME_WINDOW_S = 600.0
 """The longest `resume_window_s`: a lost stream holds its engine slot while it waits."""
 
@@ -92,6 +94,15 @@ class ServerLimits:
         16, "resumable WebSocket streams waiting for their resume at once; past it a lost stream is cancelled", COUNT0)
     """Resumable streams waiting for their `resume` at once, in all (each keeps its client's speech
     place and its engine slot); a stream whose socket is lost past this is cancelled at once."""
+    # -- text to dialogue --------------------------------------------------------------------
+    max_dialogue_lines: int = flag(64, f"lines (`inputs`) of one text-to-dialogue request (400 above; at most "
+                                       f"{MAX_DIALOGUE_LINES})", number(int, 1, MAX_DIALOGUE_LINES))
+    """Lines of one dialogue: each is an engine stream of its own, spoken one after the other."""
+    max_dialogue_chars: int = flag(4096, "characters of one text-to-dialogue request's lines together (400 above)",
+                                   COUNT)
+    """The text of one dialogue, all lines together (as `input` of the speech route, by default)."""
+    max_dialogue_voices: int = flag(10, "different voices in one text-to-dialogue request (400 above)", COUNT)
+    """Different voices of one dialogue (ElevenLabs' own bound)."""
     # -- voice work ---------------------------------------------------------------------------
     voice_workers: int = flag(1, "threads that clone and design voices", COUNT)
     """Threads that clone and design voices (apart from the speech path)."""
@@ -102,6 +113,8 @@ class ServerLimits:
         if not 0 <= self.resume_window_s <= MAX_RESUME_WINDOW_S:
             raise ValueError(f"resume_window_s must be 0 to {MAX_RESUME_WINDOW_S:g} seconds, "
                              f"got {self.resume_window_s}")
+        if not 1 <= self.max_dialogue_lines <= MAX_DIALOGUE_LINES:
+            raise ValueError(f"max_dialogue_lines must be 1 to {MAX_DIALOGUE_LINES}, got {self.max_dialogue_lines}")
         if self.max_detached_streams < 0:
             raise ValueError(f"max_detached_streams must be at least 0, got {self.max_detached_streams}")
 

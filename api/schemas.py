@@ -94,6 +94,12 @@ class SpeechRequest(BaseModel):
         "off", description="'auto': numbers, dates, URLs ... spoken as words before tokenizing (zh, en, ja; "
                            "docs/protocols.md); 'off': the text as written (the official behaviour)")
     progress: StrictBool = Field(False, description="text-progress events (SSE `speech.progress`; docs/protocols.md)")
+    word_timestamps: StrictBool = Field(
+        False, description="SSE `speech.word` events: each word, its estimated start and end (seconds) and its "
+                           "offsets into `input` (stream_format sse only; docs/protocols.md)")
+    subtitles: Literal["vtt", "srt"] | None = Field(
+        None, description="a `speech.subtitles` event at the end: the audio's WebVTT or SubRip file, timed by the "
+                          "same estimate (stream_format sse only)")
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -173,10 +179,15 @@ SPEECH_SSE_EVENT = {"oneOf": [
         "first_audio_s": {"type": ["number", "null"], "minimum": 0}}}),
     _event("speech.progress", audio_end_s={"type": "number", "minimum": 0},
            text_fed_end=_COUNT, spoken_end_estimate=_COUNT, basis={"enum": ["frames_per_token", "final"]}),
+    _event("speech.word", word={"type": "string"}, start_s={"type": "number", "minimum": 0},
+           end_s={"type": "number", "minimum": 0}, text_start=_COUNT, text_end=_COUNT,
+           basis={"enum": ["frames_per_token", "final"]}),
+    _event("speech.subtitles", format={"enum": ["vtt", "srt"]}, text={"type": "string"}),
     _event("error", error=_ERROR_OBJECT),
 ]}
 """One SSE event's JSON (its `data:` line) on the speech route: deltas (each followed by `speech.progress`
-when asked: `api/speaking/progress.py`), then `done`, or an `error` last."""
+and `speech.word`s when asked: `api/speaking/progress.py`, `timings.py`), then `speech.subtitles` when
+asked and `done`, or an `error` last."""
 
 
 def speech_sse_openapi() -> dict:

@@ -15,7 +15,7 @@ from qwen3_tts_gguf.voices.store import VoiceStore
 from api.app import create_app
 from api.config import ServerConfig, engine_settings_from_args
 from api.ops import logs
-from api.ops.connections import uvicorn_config
+from api.ops.connections import check_tls, uvicorn_config
 from api.ops.hosts import is_loopback
 from api.ops.lifecycle import DrainingServer
 from api.registry import ModelRegistry
@@ -77,6 +77,11 @@ def run_server(args: argparse.Namespace) -> int:
     except ValueError as e:  # a limit out of its domain (a bad --trusted-proxies address, ...)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NO_MODEL
+    try:
+        check_tls(config)  # fail now, not once the models are loaded
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_MODEL
     if config.voices_dir is not None:  # fail now, not at every request that names a voice
         try:
             VoiceStore(config.voices_dir).check()
@@ -112,8 +117,9 @@ def _announce(config: ServerConfig, registry: ModelRegistry) -> None:
     for served in registry.models:
         extra = f" (default; also {', '.join(registry.aliases)})" if served is registry.default else ""
         log.info("model %s: %s %s%s", served.id, served.manifest.model_type, served.manifest.model_size, extra)
-    log.info("OpenAI base_url: http://%s:%d/v1 (API key %s)", config.host, config.port,
-             "required" if config.api_key else "not required")
+    root = f"{config.scheme}://{config.host}:{config.port}"
+    log.info("OpenAI base_url: %s/v1 (API key %s); the SDKs: %s/sdk/", root,
+             "required" if config.api_key else "not required", root)
     if not config.api_key and not is_loopback(config.host):
         log.warning("%s is reachable from other machines and no API key is set: anyone who can reach it can "
                     "use it (set --api-key or QTTS_API_KEY, or bind 127.0.0.1)", config.host)

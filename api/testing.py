@@ -20,18 +20,19 @@ class ServerThread:
     """uvicorn on 127.0.0.1 and a free port, in a daemon thread; a context manager.
 
     It runs with the settings `serve` uses (`connections.uvicorn_config`: header timeout, connection
-    limit) for `config`, by default the app's own `ServerConfig`.
+    limit, root path, TLS) for `config`, by default the app's own `ServerConfig`; `uvicorn_settings`
+    override uvicorn's (`lifespan="off"`: a second listener on an app another one runs).
     """
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", log_level: str = "warning",
-                 startup_timeout_s: float = 60.0, config: ServerConfig | None = None):
+                 startup_timeout_s: float = 60.0, config: ServerConfig | None = None, **uvicorn_settings: object):
         self.app = app
         if config is None:
             state = getattr(app.state, "qtts", None)
             config = state.config if state is not None else ServerConfig()
         self.config = config
         self.server = uvicorn.Server(uvicorn_config(app, config, host=host, port=0, log_level=log_level,
-                                                   timeout_graceful_shutdown=2))
+                                                   timeout_graceful_shutdown=2, **uvicorn_settings))
         self._thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
         self._timeout = startup_timeout_s
         self.host = host
@@ -39,7 +40,7 @@ class ServerThread:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.config.scheme}://{self.host}:{self.port}"
 
     @property
     def api_url(self) -> str:

@@ -43,7 +43,9 @@ Utterances are resumable when the server offers it (`capabilities().supports("qt
 connection lost mid-stream is resumed on a new one, nothing lost or repeated (a `Resumed` event says
 so). Server errors raise `APIError` (`.code`, `.type`, `.param`, `.status`, the envelope in `.body`);
 network failures raise `TransportError`. `base_url` and `api_key` default to $QTTS_BASE_URL and
-$QTTS_API_KEY.
+$QTTS_API_KEY; `base_url` may carry a proxy's path prefix (`https://example.com/tts`). `verify=` (a CA
+file, an `ssl.SSLContext`, or False) checks an https server's certificate; True: the system's CAs.
+Every server hands this package out: `pip install http://HOST:PORT/sdk/qtts_client-<version>-py3-none-any.whl`.
 """
 
 from .aio import AsyncClient, AsyncSpeechSocket, AsyncUtterance

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from .errors import APIError, ProtocolError, TransportError
 
@@ -19,23 +20,46 @@ USER_AGENT = "qtts-client/0.1"
 MAX_ERROR_BODY = 64 * 1024
 
 
+Verify = Union[bool, str, "os.PathLike[str]", ssl.SSLContext]
+"""How an https:// server's certificate is checked: True (the system's CAs), a CA file (PEM) to trust,
+an `ssl.SSLContext` of your own, or False (not at all: only for a test bench)."""
+
+
+def tls_context(verify: Verify) -> ssl.SSLContext:
+    """The TLS context `verify` asks for (HTTP and the WebSocket use the same)."""
+    if isinstance(verify, ssl.SSLContext):
+        return verify
+    if verify is True:
+        return ssl.create_default_context()
+    if verify is False:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    return ssl.create_default_context(cafile=os.fspath(verify))
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where the server is and how to reach it.
 
-    `base_url` is the server root (`http://host:port`; a trailing `/v1`, as OpenAI clients write it,
-    is accepted). `proxy` is an HTTP proxy URL for both HTTP and the WebSocket; None = direct.
+    `base_url` is the server root (`http://host:port`, `https://example.com/tts` behind a proxy's path
+    prefix; a trailing `/v1`, as OpenAI clients write it, is accepted). `proxy` is an HTTP proxy URL for
+    both HTTP and the WebSocket; None = direct. `tls` is the TLS context of an https:// server (None for
+    http://).
     """
 
     base_url: str
     api_key: Optional[str] = None
     timeout: float = 60.0
     proxy: Optional[str] = None
+    tls: Optional[ssl.SSLContext] = None
 
     @classmethod
     def make(cls, base_url: Optional[str] = None, api_key: Optional[str] = None, timeout: float = 60.0,
-             proxy: Optional[str] = None) -> "Endpoint":
-        """`base_url` and `api_key` default to $QTTS_BASE_URL (else 127.0.0.1:8100) and $QTTS_API_KEY."""
+             proxy: Optional[str] = None, verify: Verify = True) -> "Endpoint":
+        """`base_url` and `api_key` default to $QTTS_BASE_URL (else 127.0.0.1:8100) and $QTTS_API_KEY;
+        `verify`: see `Verify`."""
         url = (base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
         if url.endswith("/v1"):
             url = url[:-3]
@@ -43,7 +67,7 @@ class Endpoint:
         if scheme not in ("http", "https"):
             raise ValueError(f"base_url must be an http:// or https:// URL, not {base_url!r}")
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
-        return cls(url, key, timeout, proxy)
+        return cls(url, key, timeout, proxy, tls_context(verify) if scheme == "https" else None)
 
     def http_url(self, path: str) -> str:
         return self.base_url + path
@@ -71,7 +95,10 @@ def request(endpoint: Endpoint, method: str, path: str, body: Optional[Dict[str,
         headers["Content-Type"] = "application/json"
     req = urllib.request.Request(endpoint.http_url(path), data=data, method=method, headers=headers)
     proxies = {"http": endpoint.proxy, "https": endpoint.proxy} if endpoint.proxy else {}
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies))
+    handlers: list = [urllib.request.ProxyHandler(proxies)]
+    if endpoint.tls is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=endpoint.tls))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(req, timeout=endpoint.timeout) as response:
             return response.read()

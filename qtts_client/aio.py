@@ -93,11 +93,13 @@ class AsyncClient:
     `base_url` and `api_key` default to $QTTS_BASE_URL (else http://127.0.0.1:8100) and $QTTS_API_KEY.
     The key goes as `Authorization: Bearer` (also on the WebSocket; `key_in_query=True` sends
     `?api_key=` instead, for proxies that drop the header). `proxy`: an HTTP proxy URL; None = direct.
+    `verify` (an https:// server): True (the system's CAs), a CA file to trust, an `ssl.SSLContext`, or
+    False (no check); HTTP and the WebSocket alike.
     """
 
     def __init__(self, base_url: Optional[str] = None, api_key: Optional[str] = None, *, timeout: float = 60.0,
-                 proxy: Optional[str] = None, key_in_query: bool = False):
-        self.endpoint = _http.Endpoint.make(base_url, api_key, timeout, proxy)
+                 proxy: Optional[str] = None, key_in_query: bool = False, verify: _http.Verify = True):
+        self.endpoint = _http.Endpoint.make(base_url, api_key, timeout, proxy, verify)
         self.key_in_query = key_in_query
         self._caps: Any = _UNSET
 
@@ -269,6 +271,8 @@ class AsyncSpeechSocket:
             compression=None)
         if _WS_SUPPORTS_PROXY:
             kwargs["proxy"] = endpoint.proxy
+        if endpoint.tls is not None:  # wss://
+            kwargs["ssl"] = endpoint.tls
         url = endpoint.ws_url(self._path, self.client.key_in_query)
         try:
             return await connect(url, **kwargs)

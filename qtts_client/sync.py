@@ -53,8 +53,9 @@ class Client:
     manager (or call `close()`) when it ran live utterances: that stops its loop thread."""
 
     def __init__(self, base_url: Optional[str] = None, api_key: Optional[str] = None, *, timeout: float = 60.0,
-                 proxy: Optional[str] = None, key_in_query: bool = False):
-        self._async = AsyncClient(base_url, api_key, timeout=timeout, proxy=proxy, key_in_query=key_in_query)
+                 proxy: Optional[str] = None, key_in_query: bool = False, verify: _http.Verify = True):
+        self._async = AsyncClient(base_url, api_key, timeout=timeout, proxy=proxy, key_in_query=key_in_query,
+                                  verify=verify)
         self._loop: Optional[_LoopThread] = None
         self._lock = threading.Lock()
 
@@ -230,12 +231,12 @@ async def _next(utterance: AsyncUtterance) -> Any:
 
 def speak(text: str, voice: Any, format: str = "wav", model: Optional[str] = None, *,
           base_url: Optional[str] = None, api_key: Optional[str] = None, timeout: float = 60.0,
-          **fields: Any) -> bytes:
+          verify: _http.Verify = True, **fields: Any) -> bytes:
     """One-shot `Client(base_url, api_key).speak(...)`."""
-    return Client(base_url, api_key, timeout=timeout).speak(text, voice, format, model, **fields)
+    return Client(base_url, api_key, timeout=timeout, verify=verify).speak(text, voice, format, model, **fields)
 
 
 def capabilities(base_url: Optional[str] = None, api_key: Optional[str] = None, *,
-                 timeout: float = 60.0) -> Capabilities:
+                 timeout: float = 60.0, verify: _http.Verify = True) -> Capabilities:
     """One-shot `Client(base_url, api_key).capabilities()`."""
-    return Client(base_url, api_key, timeout=timeout).capabilities()
+    return Client(base_url, api_key, timeout=timeout, verify=verify).capabilities()

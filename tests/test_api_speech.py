@@ -174,7 +174,8 @@ def test_sse_events_concatenate_to_the_audio_body(client, http, registry):
     assert done == {"type": "speech.audio.done", "usage": {
         "input_tokens": text_tokens, "output_tokens": FRAMES, "total_tokens": text_tokens + FRAMES,
         "characters": len(TEXT), "normalized_characters": usage["normalized_characters"],
-        "audio_seconds": FRAMES * 0.08, "frames": FRAMES, "first_audio_s": usage["first_audio_s"]}}
+        "audio_seconds": FRAMES * 0.08, "frames": FRAMES, "first_audio_s": usage["first_audio_s"],
+        "runaways": 0, "runaway_retries": 0}}
     assert 0 < usage["first_audio_s"] < 60 and usage["normalized_characters"] in (None, *range(1, 10 * len(TEXT)))
 
 

@@ -82,7 +82,8 @@ def test_the_document_says_what_this_server_offers_and_validates_against_its_sch
     assert list(protocols) == ["openai-speech", "qtts", "openai-realtime", "elevenlabs-multi-context"]
     assert protocols["openai-speech"] == {
         "name": "openai-speech", "path": "/v1/audio/speech", "subprotocol": None, "version": "v1",
-        "features": ["sse", "stream_format", "instructions", "speed", "progress", "text_normalization"]}
+        "features": ["sse", "stream_format", "instructions", "speed", "progress", "text_normalization",
+                     "word_timestamps", "subtitles"]}
     assert protocols["qtts"] == {"name": "qtts", "path": "/v1/ws", "subprotocol": "qtts.v1", "version": "1.1",
                                  "features": ["live_text", "resume", "progress", "text_normalization", "usage"]}
     assert protocols["openai-realtime"] == {
@@ -92,7 +93,8 @@ def test_the_document_says_what_this_server_offers_and_validates_against_its_sch
         "name": "elevenlabs-multi-context", "path": "/v1/text-to-speech/{voice_id}/multi-stream-input",
         "subprotocol": None, "version": "v1",
         "features": ["contexts", "stream-input", "http", "with-timestamps", "pcm_8000-48000", "ulaw_8000",
-                     "alaw_8000", "mp3", "opus", "voices", "models", "speed", "apply_text_normalization"]}
+                     "alaw_8000", "mp3", "opus", "voices", "models", "speed", "apply_text_normalization",
+                     "dialogue"]}
 
     assert doc["formats"] == list(get_args(ResponseFormat)) == ["mp3", "opus", "aac", "flac", "wav", "pcm"]
     limits = doc["limits"]

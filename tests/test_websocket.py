@@ -70,7 +70,7 @@ def test_deltas_of_one_to_three_characters_give_the_bytes_of_the_whole_text(serv
                              "characters": len(TEXT),
                              "normalized_characters": done["usage"]["normalized_characters"],  # None unless normalized
                              "audio_seconds": pytest.approx(len(audio) / 2 / 24000), "frames": frames,
-                             "first_audio_s": done["timings"]["first_audio_s"]}
+                             "first_audio_s": done["timings"]["first_audio_s"], "runaways": 0, "runaway_retries": 0}
     assert done["audio_s"] == pytest.approx(len(audio) / 2 / 24000)
     assert done["timings"]["first_audio_s"] > 0 and done["id"] == started["id"]
 

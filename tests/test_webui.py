@@ -8,8 +8,10 @@ Screenshots go to test-artifacts/ (gitignored).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
@@ -55,6 +57,28 @@ def page(browser, server):
     assert page.locator("#error").is_hidden()
     yield page
     context.close()
+    assert not problems, problems
+
+
+@contextlib.contextmanager
+def console_with_key(browser, server, key: str, **options) -> Iterator:
+    """The console at `server` in a browser context of its own (`options`: viewport, permissions, ...) whose key
+    field remembers `key`, loaded: pickers filled, no error shown. On exit, no page error or failed request
+    happened."""
+    context = browser.new_context(base_url=server.url, **options)
+    context.set_default_timeout(10_000)
+    context.add_init_script(f"localStorage.setItem('qtts.apiKey', '{key}')")  # the key field's memory
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+    page.goto("/")
+    try:
+        page.wait_for_function("window.__qtts && window.__qtts.ready", timeout=WAIT_MS)
+        assert page.locator("#error").is_hidden()
+        yield page
+    finally:
+        context.close()
     assert not problems, problems
 
 

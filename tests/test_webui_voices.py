@@ -24,7 +24,7 @@ from api.registry import OPENAI_MODEL_ALIASES
 from tests.conftest import CHROMIUM
 from tests.server_fixtures import FixtureValue, server_fixtures
 from tests.test_cli_voices import speechlike
-from tests.test_webui import ROOT, SAMPLES_PER_FRAME, WAIT_MS, qtts, screenshot
+from tests.test_webui import ROOT, SAMPLES_PER_FRAME, WAIT_MS, console_with_key, qtts, screenshot
 
 pytest.importorskip("playwright.sync_api")
 
@@ -51,21 +51,12 @@ registry, server = server_fixtures(4, models=("tiny_cv", "tiny_base", "tiny_vd")
 
 @pytest.fixture
 def page(browser, server, voices_dir):
-    context = browser.new_context(base_url=server.url, viewport={"width": 1280, "height": 1100})
-    context.set_default_timeout(10_000)
-    context.add_init_script(f"localStorage.setItem('qtts.apiKey', '{KEY}')")  # the key field's memory
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
-    page.goto("/")
-    page.wait_for_function("window.__qtts && window.__qtts.ready", timeout=WAIT_MS)
-    assert page.locator("#error").is_hidden()
-    yield page
-    context.close()
-    for name in VoiceStore(voices_dir).list():  # each test starts without profiles
-        VoiceStore(voices_dir).delete(name)
-    assert not problems, problems
+    try:
+        with console_with_key(browser, server, KEY, viewport={"width": 1280, "height": 1100}) as page:
+            yield page
+    finally:
+        for name in VoiceStore(voices_dir).list():  # each test starts without profiles
+            VoiceStore(voices_dir).delete(name)
 
 
 def options(page, selector: str) -> list[str]:

@@ -1,28 +1,23 @@
-// Calls to the server: the API key as a Bearer header, OpenAI-style error envelopes as ApiError.
+// Calls to the server: the API key as a Bearer header, OpenAI-style error envelopes as ApiError. URLs and
+// sockets come from the browser SDK (browser-sdk/), relative to the page: right under a proxy's path prefix.
 
+import { ApiError, apiError, httpUrl, openSocket as openKeyedSocket } from './browser-sdk/index.js';
 import { $ } from './page.js';
 
-export class ApiError extends Error {
-  constructor(message, { status = null, code = null, type = null, param = null } = {}) {
-    super(message);
-    Object.assign(this, { status, code, type, param });
-  }
-}
-
-/** The error a failed response carries (`{"error": {message, code, param, type}}`), or its status line. */
-export async function apiError(response) {
-  let body = null;
-  try { body = await response.json(); } catch { /* not JSON */ }
-  const e = body && body.error;
-  if (e && e.message) return new ApiError(e.message, { status: response.status, ...e });
-  return new ApiError(`${response.status} ${response.statusText || 'error'}`, { status: response.status });
-}
+export { ApiError, apiError, httpUrl };
 
 export const apiKey = () => $('api-key').value.trim();
 export const authHeaders = () => (apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {});
 
+/** A WebSocket to `path` (on this server, under its prefix) offering `subprotocol`; the key travels as the
+ * subprotocol `bearer.KEY` (browsers cannot set headers here), or as ?api_key= when it cannot be one. Binary
+ * messages come as ArrayBuffers. */
+export function openSocket(path, subprotocol) {
+  return openKeyedSocket(path, { protocol: subprotocol, apiKey: apiKey() });
+}
+
 export async function getJSON(path) {
-  const response = await fetch(path, { headers: authHeaders() });
+  const response = await fetch(httpUrl(path), { headers: authHeaders() });
   if (!response.ok) throw await apiError(response);
   return response.json();
 }

@@ -2,13 +2,11 @@
 // idle -> starting (start sent) -> speaking (started) -> stopping (stop sent) -> idle (done)
 // Text typed while starting or stopping waits in `pending`; it opens the next utterance after `done`.
 
-import { ApiError, apiKey } from './api.js';
+import { ApiError, openSocket } from './api.js';
 import { s16 } from './player.js';
 import { $, clearError, player, setPill, showError, spoken, stats } from './page.js';
 import { finishRequest, gotAudio, newRequest, renderRequest } from './requests.js';
 import { speechFields } from './voices.js';
-
-const TOKEN_SAFE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/; // what a WebSocket subprotocol may contain
 
 const live = { ws: null, connecting: null, state: 'idle', sent: '', pending: '', timer: null, req: null,
   stopAfterStart: false };
@@ -23,19 +21,10 @@ function setLiveState(state) {
   setPill(pill, state, { speaking: 'ok', starting: 'busy', stopping: 'busy', cancelling: 'busy' }[state] || '');
 }
 
-function socketUrl() {
-  const key = apiKey();
-  const query = key && !TOKEN_SAFE.test(key) ? `?api_key=${encodeURIComponent(key)}` : '';
-  return `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/v1/ws${query}`;
-}
-
 function connect() {
   if (live.ws && live.ws.readyState === WebSocket.OPEN) return Promise.resolve(live.ws);
   if (live.connecting) return live.connecting;
-  const key = apiKey();
-  // the key travels as a subprotocol (browsers cannot set headers here), or as ?api_key= when it cannot
-  const ws = new WebSocket(socketUrl(), key && TOKEN_SAFE.test(key) ? ['qtts.v1', `bearer.${key}`] : ['qtts.v1']);
-  ws.binaryType = 'arraybuffer';
+  const ws = openSocket('/v1/ws', 'qtts.v1');
   live.connecting = new Promise((resolve, reject) => {
     ws.onopen = () => { live.ws = ws; live.connecting = null; resolve(ws); };
     ws.onerror = () => { /* onclose follows with the code */ };

@@ -163,7 +163,7 @@ async function createVoice(event) {
   try {
     let response;
     try {
-      response = await fetch('/v1/audio/voices', { method: 'POST', headers: authHeaders(), body: form });
+      response = await fetch('v1/audio/voices', { method: 'POST', headers: authHeaders(), body: form });
     } catch (e) {
       throw new ApiError(`The server could not be reached (${e.message}).`);
     }

@@ -70,6 +70,17 @@ window.addEventListener('error', (e) => showError({ message: e.message }, 'Page 
 window.addEventListener('unhandledrejection', (e) => showError({ message: String(e.reason?.message ?? e.reason) },
   'Page error'));
 
+/** Offer `blob` as a download named `name` (the WAV of what was heard, the Lab's trace). */
+export function saveBlob(blob, name) {
+  const link = document.createElement('a');
+  link.href = URL.createObjectURL(blob);
+  link.download = name;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+}
+
 export function setPill(el, text, tone) {
   el.textContent = text;
   el.dataset.tone = tone || '';

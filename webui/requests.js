@@ -4,9 +4,12 @@ import { SAMPLE_RATE } from './player.js';
 import { $, player, stats } from './page.js';
 import { effectiveModel, refreshStatus } from './voices.js';
 
-/** A new request in the history (`mode`: 'speak' over HTTP, 'live' over the WebSocket). */
-export function newRequest(mode, text) {
-  const req = { n: stats.requests.length + 1, mode, model: effectiveModel(), voice: $('voice').value,
+const MODE_NAMES = { speak: 'speak', live: 'typing', dialogue: 'dialogue' };
+
+/** A new request in the history (`mode`: 'speak' over HTTP, 'live' over the WebSocket, 'dialogue'); its model
+ * and voice are the pickers' unless given. */
+export function newRequest(mode, text, { model = effectiveModel(), voice = $('voice').value } = {}) {
+  const req = { n: stats.requests.length + 1, mode, model, voice,
     text, t0: performance.now(), firstTextAt: null, ttfaMs: null, samples: 0, chunks: 0, rtf: null,
     finish: 'running', usage: null };
   stats.requests.push(req);
@@ -23,7 +26,7 @@ const secs = (samples) => `${(samples / SAMPLE_RATE).toFixed(2)} s`;
 
 export function renderRequest(req) {
   const row = $(`req-${req.n}`);
-  const cells = [req.n, req.mode === 'live' ? 'typing' : 'speak', req.voice,
+  const cells = [req.n, MODE_NAMES[req.mode], req.voice,
     req.text.length > 48 ? `${req.text.slice(0, 47)}…` : req.text, ms(req.ttfaMs), secs(req.samples),
     req.rtf == null ? '—' : req.rtf.toFixed(2), req.finish];
   row.replaceChildren(...cells.map((c) => { const td = document.createElement('td'); td.textContent = c; return td; }));

@@ -18,7 +18,7 @@ export async function speak(text) {
   const abort = (httpAbort = new AbortController());
   let response;
   try {
-    response = await fetch('/v1/audio/speech', {
+    response = await fetch('v1/audio/speech', {
       method: 'POST', signal: abort.signal, headers: { 'Content-Type': 'application/json', ...authHeaders() },
       body: JSON.stringify({ ...fields, input: text, response_format: 'pcm', stream_format: 'sse',
                              progress: true }) });

@@ -14,7 +14,7 @@ export const MODES = { icl: 'in-context clone', xvector: 'x-vector clone' };
 
 export async function refreshStatus() {
   try {
-    const response = await fetch('/ready');
+    const response = await fetch('ready');
     const body = await response.json();
     if (!response.ok) throw new ApiError(body.error?.message || 'not ready');
     const active = body.models.reduce((n, m) => n + m.active, 0);
@@ -167,7 +167,7 @@ $('voice-delete').addEventListener('click', async () => {
   const button = $('voice-delete');
   button.disabled = true;
   try {
-    const response = await fetch(`/v1/audio/voices/${encodeURIComponent(voice.id)}`,
+    const response = await fetch(`v1/audio/voices/${encodeURIComponent(voice.id)}`,
       { method: 'DELETE', headers: authHeaders() });
     if (!response.ok) throw await apiError(response);
     await loadVoices().catch((e) => showError(e, 'Could not load the voices'));

@@ -43,6 +43,12 @@ def _in(address: str, networks: Sequence[_Network]) -> bool:
     return any(ip in net for net in networks)
 
 
+def peer_in(scope: Scope, networks: Sequence[_Network]) -> bool:
+    """Whether the connection's peer (not what a header says) is in `networks`."""
+    peer = (scope.get("client") or (None, None))[0]
+    return peer is not None and _in(peer, networks)
+
+
 def client_address(scope: Scope, trusted: Sequence[_Network] = ()) -> str:
     """The client's address (see the module docstring); "unknown" without a peer address."""
     peer = (scope.get("client") or (None, None))[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from typing import Any
 
 import h11
@@ -147,9 +148,29 @@ def _quiet_client_faults() -> None:
         logger.addFilter(ClientFaultsQuiet())
 
 
+def check_tls(config: ServerConfig) -> None:
+    """Refuse TLS settings uvicorn would fail on only once the models are loaded: ValueError naming the
+    flag (a key without a certificate, a file that is missing or not PEM, a key that does not match)."""
+    if config.ssl_certfile is None:
+        if config.ssl_keyfile is not None:
+            raise ValueError("--ssl-keyfile needs --ssl-certfile")
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            config.ssl_certfile, config.ssl_keyfile, password=lambda: b"")  # an encrypted key is refused
+    except (OSError, ssl.SSLError) as e:
+        files = f"{config.ssl_certfile}" + (f", --ssl-keyfile {config.ssl_keyfile}" if config.ssl_keyfile else "")
+        raise ValueError(f"--ssl-certfile {files}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _path(path: Any) -> str | None:
+    return None if path is None else str(path)
+
+
 def uvicorn_config(app: Any, config: ServerConfig, *, host: str | None = None, port: int | None = None,
                    **overrides: Any) -> uvicorn.Config:
-    """uvicorn's settings for `app` under `config` (the bind address may be overridden, e.g. port 0)."""
+    """uvicorn's settings for `app` under `config` (the bind address may be overridden, e.g. port 0): the
+    limits above, `--root-path`, TLS (`--ssl-certfile`, `--ssl-keyfile`)."""
     limits = config.limits
     settings: dict[str, Any] = dict(host=config.host if host is None else host,
                                     port=config.port if port is None else port,
@@ -158,7 +179,11 @@ def uvicorn_config(app: Any, config: ServerConfig, *, host: str | None = None, p
                                     # the app answers oversize messages with an error event; uvicorn
                                     # drops only far bigger ones itself (1009)
                                     ws_max_size=max(2 * limits.ws_max_message_bytes, WS_HARD_LIMIT_BYTES),
-                                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info")
+                                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, log_level="info",
+                                    # a trusted proxy's headers are read by the app (forwarded.py, clients.py)
+                                    # against --trusted-proxies; uvicorn's own reading trusts loopback peers
+                                    proxy_headers=False, root_path=config.root_path,
+                                    ssl_certfile=_path(config.ssl_certfile), ssl_keyfile=_path(config.ssl_keyfile))
     settings.update(overrides)
     _quiet_client_faults()
     return uvicorn.Config(app, **settings)

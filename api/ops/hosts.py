@@ -22,6 +22,7 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
+from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.config import ServerConfig
@@ -109,7 +110,7 @@ class BrowserGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             problem = None
-            if scope["path"] not in EXEMPT_PATHS and not host_allowed(scope, self.config):
+            if get_route_path(scope) not in EXEMPT_PATHS and not host_allowed(scope, self.config):
                 problem = host_not_allowed(Headers(scope=scope).get("host"))
             elif scope["method"] not in SAFE_METHODS and not origin_allowed(scope, self.config):
                 problem = cross_site_refused()

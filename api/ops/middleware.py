@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Sequence
 
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import (API_PREFIXES, SENT_CONTENT_TYPE, SERVER_ERROR, APIError, invalid_request, payload_too_large,
@@ -73,8 +74,8 @@ class APIKeyMiddleware:
         """Paths whose GET needs no key (`PUBLIC_LISTINGS` with `--public-listings`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(self.prefixes) \
-                and not (scope["method"] in ("GET", "HEAD") and scope["path"] in self.open_lists):
+        path = get_route_path(scope) if scope["type"] == "http" else ""  # under --root-path too
+        if path.startswith(self.prefixes) and not (scope["method"] in ("GET", "HEAD") and path in self.open_lists):
             token = bearer_token(scope)
             if not key_matches(self.api_key, token):
                 message = ("You didn't provide an API key: send 'Authorization: Bearer <key>'." if token is None
@@ -198,7 +199,7 @@ class BodyLimits:
         self.upload_paths = tuple(upload_paths)
 
     def is_upload(self, scope: Scope) -> bool:
-        return scope["method"] == "POST" and scope["path"].rstrip("/") in self.upload_paths
+        return scope["method"] == "POST" and get_route_path(scope).rstrip("/") in self.upload_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

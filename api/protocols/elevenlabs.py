@@ -70,6 +70,7 @@ from api.speaking.alignment import CharTimeline, TimedChars
 from api.speaking.http_body import CONTENT_TYPES
 from api.speaking.plan import LIVE_TEXT, SpeechPlan, speech_body
 from api.speaking.start import plan_request
+from api.speaking.timings import spoken_end
 from api.speaking.utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
 from api.state import AppState
 from api.voices import language_of
@@ -397,10 +398,6 @@ def _settings(voice_settings: Any) -> VoiceSettings:
 
 def final_progress(result: SynthesisResult | None) -> TextProgress | None:
     return None if result is None else result.progress
-
-
-def spoken_end(progress: TextProgress | None) -> int | None:
-    return None if progress is None else progress.spoken_end_estimate
 
 
 class SingleStreamConnection(Connection):

@@ -93,7 +93,8 @@ class Capabilities(BaseModel):
 
 PROTOCOLS: tuple[Protocol, ...] = (
     Protocol(name="openai-speech", path="/v1/audio/speech", subprotocol=None, version="v1",
-             features=["sse", "stream_format", "instructions", "speed", "progress", "text_normalization"]),
+             features=["sse", "stream_format", "instructions", "speed", "progress", "text_normalization",
+                       "word_timestamps", "subtitles"]),
     Protocol(name="qtts", path=websocket.PATH, subprotocol=websocket.SUBPROTOCOL, version="1.1",
              features=["live_text", "resume", "progress", "text_normalization", "usage"]),
     Protocol(name="openai-realtime", path=realtime.PATH, subprotocol=realtime.SUBPROTOCOL, version="ga",
@@ -101,7 +102,8 @@ PROTOCOLS: tuple[Protocol, ...] = (
                        "text_normalization"]),
     Protocol(name="elevenlabs-multi-context", path=elevenlabs.PATH, subprotocol=None, version="v1",
              features=["contexts", "stream-input", "http", "with-timestamps", "pcm_8000-48000", "ulaw_8000",
-                       "alaw_8000", "mp3", "opus", "voices", "models", "speed", "apply_text_normalization"]),
+                       "alaw_8000", "mp3", "opus", "voices", "models", "speed", "apply_text_normalization",
+                       "dialogue"]),
 )
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Literal
 
 from fastapi import APIRouter, Request, Response
 
 from api.config import ServerConfig
-from api.errors import error_responses
+from api.errors import error_responses, invalid_request
 from api.ops.clients import client_of
 from api.schemas import SpeechRequest, speech_sse_openapi
 from api.speaking.http_body import (
@@ -24,6 +25,7 @@ from api.speaking.http_body import (
     whole_body,
 )
 from api.speaking.start import open_speech, plan_request
+from api.speaking.timings import Timings
 from api.speaking.usage import key_id, usage_log
 from api.state import get_state
 
@@ -55,18 +57,24 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     Headers are sent with the first audio (a FLAC file: once it is whole), so errors before it have
     real status codes; later errors abort the connection (audio) or arrive as an `error` event (SSE).
     """
-    return await respond(request, body, body.response_format, CONTENT_TYPES[body.response_format])
+    for name in ("word_timestamps", "subtitles"):
+        if getattr(body, name) and body.stream_format != "sse":
+            raise invalid_request(f"'{name}' arrive as SSE events: ask for stream_format 'sse'.", param=name)
+    timings = Timings(body.input) if body.word_timestamps or body.subtitles is not None else None
+    return await respond(request, body, body.response_format, CONTENT_TYPES[body.response_format], timings=timings)
 
 
 async def respond(request: Request, body: SpeechRequest, audio_format: str, content_type: str,
                   out_rate: int | None = None, bit_rate: int | None = None,
                   ignored_fields: Sequence[str] | None = None,
-                  shape: Callable[[SpeechStream], AsyncIterator[bytes]] = audio_body) -> Response:
+                  shape: Callable[[SpeechStream], AsyncIterator[bytes]] = audio_body,
+                  timings: Timings | None = None) -> Response:
     """The speech route's response for `body`, its audio encoded as `audio_format` (a speech-route format,
     or G.711; `out_rate`, `bit_rate`: as `open_speech` takes them) and sent as `content_type`, in the body
     `shape` makes of the stream (the audio itself by default): what every HTTP route that speaks
     (`elevenlabs.py` too) answers with. `ignored_fields`: what the client sent that is not honoured
-    (default: `body`'s unknown fields), named in `x-qwen3tts-ignored-fields`."""
+    (default: `body`'s unknown fields), named in `x-qwen3tts-ignored-fields`. `timings`: fed with every chunk
+    (`api/speaking/timings.py`): SSE word events and subtitles when `body` asks, or what `shape` reads."""
     state = get_state(request)
     received_at = getattr(request.state, "received_at", None) or time.monotonic()
     plan = plan_request(state, body, ignored_fields)
@@ -74,33 +82,47 @@ async def respond(request: Request, body: SpeechRequest, audio_format: str, cont
         log.info("instructions ignored: model %s cannot take them", plan.served.id)
     opened = await open_speech(state, plan, audio_format, body.speed, client=client_of(request), out_rate=out_rate,
                                bit_rate=bit_rate)
+    sse = body.stream_format == "sse"
     speech = SpeechStream(plan.served.id, opened.stream, opened.encoder,
                           plan.served.model.sample_rate, state.metrics, received_at, characters=len(body.input),
-                          accounting=_accounting(request, state.config, body, plan.voice.label),
-                          progress=body.progress and body.stream_format == "sse", speed=body.speed)
+                          accounting=usage_accounting(request, state.config, body.stream_format, body.response_format,
+                                                      plan.voice.label),
+                          progress=body.progress and sse, speed=body.speed, timings=timings,
+                          word_events=sse and body.word_timestamps, subtitles=body.subtitles if sse else None)
+    return await answer(request, speech, plan.headers(), content_type, "sse" if sse else shape,
+                        whole=audio_format in WHOLE_FILE_FORMATS and shape is audio_body)
+
+
+async def answer(request: Request, speech: SpeechStream, headers: dict[str, str], content_type: str,
+                 shape: Callable[[SpeechStream], AsyncIterator[bytes]] | Literal["sse"], whole: bool = False
+                 ) -> Response:
+    """The response for a started `speech`, once its first audio is there (a failure before it is a real
+    status): the body `shape` makes of it ("sse": SSE events), or with `whole` the file made whole before it
+    is sent (`SpeechStream.whole_file`). `speech` is released whatever happens."""
     try:  # until the response owns the stream, any failure here must release it
         if not await speech.wait_for_audio(request.receive):
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        timeout = state.config.limits.send_timeout_s
-        if body.stream_format == "sse":
-            return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, plan.headers(), timeout)
-        if audio_format in WHOLE_FILE_FORMATS and shape is audio_body:
+        timeout = get_state(request).config.limits.send_timeout_s
+        if shape == "sse":
+            return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, headers, timeout)
+        if whole:
             data = await speech.whole_file(request.receive)
             if data is None:
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
             return SpeechResponse(speech, whole_body(data), content_type,
-                                  {**plan.headers(), "Content-Length": str(len(data))}, timeout)
-        return SpeechResponse(speech, shape(speech), content_type, plan.headers(), timeout)
+                                  {**headers, "Content-Length": str(len(data))}, timeout)
+        return SpeechResponse(speech, shape(speech), content_type, headers, timeout)
     except BaseException:
         speech.close()
         raise
 
 
-def _accounting(request: Request, config: ServerConfig, body: SpeechRequest, voice: str) -> UsageAccounting | None:
+def usage_accounting(request: Request, config: ServerConfig, stream_format: str, response_format: str,
+                     voice: str) -> UsageAccounting | None:
     """The usage-log line's names for this request (None without `--usage-log`)."""
     writer = usage_log(config.usage_log)
     if writer is None:
         return None
     route = getattr(request.scope.get("route"), "path", None) or request.url.path
-    return UsageAccounting(writer, getattr(request.state, "request_id", None), route, body.stream_format,
-                           body.response_format, voice, key_id(config.api_key))
+    return UsageAccounting(writer, getattr(request.state, "request_id", None), route, stream_format,
+                           response_format, voice, key_id(config.api_key))

@@ -48,6 +48,7 @@ from api.ops.metrics import Metrics, real_time_factor
 from api.schemas import Usage
 from api.speaking.progress import chunk_progress, final_progress
 from api.speaking.start import OffloadedEncoder
+from api.speaking.timings import SubtitleFormat, Timings
 from api.speaking.usage import UsageLog
 from api.speaking.usage import usage as usage_fields
 
@@ -70,7 +71,7 @@ speech is small. Their SSE deltas (and socket frames) still stream, header unkno
 WHOLE_FILE_PIECE = 64 * 1024
 """A whole file leaves in pieces of this many bytes, so `send_timeout_s` bounds each send, not the file's."""
 STREAMING_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_ENDED_BADLY = ("error", "cancelled")
+ENDED_BADLY = ("error", "cancelled")
 
 
 class SynthesisAborted(RuntimeError):
@@ -100,11 +101,19 @@ class SpeechStream:
 
     def __init__(self, model_id: str, stream: Stream, encoder: OffloadedEncoder, sample_rate: int,
                  metrics: Metrics, received_at: float, *, characters: int = 0,
-                 accounting: UsageAccounting | None = None, progress: bool = False, speed: float = 1.0):
+                 accounting: UsageAccounting | None = None, progress: bool = False, speed: float = 1.0,
+                 timings: Timings | None = None, word_events: bool = False,
+                 subtitles: SubtitleFormat | None = None):
         self.model_id = model_id
         self.progress = progress
         """The client asked for text-progress events (SSE only: `api/speaking/progress.py`)."""
         self.speed = speed
+        self.timings = timings
+        """The text's timings, fed with every chunk taken (`api/speaking/timings.py`); None: not asked for."""
+        self.word_events = word_events
+        """SSE `speech.word` events (from `timings`)."""
+        self.subtitles = subtitles
+        """An SSE `speech.subtitles` event in this format at the end (from `timings`)."""
         self._last_chunk: AudioChunk | None = None  # the chunk of the piece just yielded (None: the tail)
         self.characters = characters
         """Characters of the request's raw text (usage)."""
@@ -151,7 +160,7 @@ class SpeechStream:
         except BaseException:
             self.close()
             raise
-        if self._first is None and self._stream.result.finish_reason in _ENDED_BADLY:
+        if self._first is None and self._stream.result.finish_reason in ENDED_BADLY:
             self.close()
             raise _unserved(self._stream.result)
         return True
@@ -197,15 +206,19 @@ class SpeechStream:
         while chunk is not None:
             self._samples += len(chunk.samples)
             self._frames += chunk.n_frames
+            if self.timings is not None:
+                self.timings.piece(len(chunk.samples) / self._sample_rate / self.speed, chunk.progress)
             data = await self._encoder.encode(chunk.samples)
             if data:
                 self._last_chunk = chunk
                 yield data
             chunk = await self._next()
         result = self._stream.result
-        if result.finish_reason in _ENDED_BADLY:
+        if result.finish_reason in ENDED_BADLY:
             raise SynthesisAborted(f"synthesis {result.finish_reason} after {result.frames} frames"
                                    + (f": {result.error}" if result.error else ""))
+        if self.timings is not None:
+            self.timings.rest(result.progress)
         tail = await self._encoder.finish()
         if tail:
             self._last_chunk = None
@@ -250,7 +263,7 @@ class SpeechStream:
                          frames=self._stream.result.frames if self._ended else None,
                          ttfa_s=None if first_audio is None else round(first_audio, 4),
                          rtf=None if rtf is None else round(rtf, 4))
-        if reason in _ENDED_BADLY and self._ended:
+        if reason in ENDED_BADLY and self._ended:
             log.warning("stream %s of %s ended with %s: %s", self._stream.id, self.model_id, reason,
                         self._stream.result.error)
         if self._accounting is not None:
@@ -314,19 +327,34 @@ async def whole_body(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def sse_body(speech: SpeechStream) -> AsyncIterator[bytes]:
-    """`stream_format: "sse"`: `speech.audio.delta` events (base64), then `speech.audio.done` with
-    usage. The type is inside each JSON object (no `event:` lines) and there is no `[DONE]`."""
+    """`stream_format: "sse"`: `speech.audio.delta` events (base64), each followed by `speech.progress` and
+    the `speech.word`s it completed when asked, then `speech.subtitles` when asked and `speech.audio.done`
+    with usage. The type is inside each JSON object (no `event:` lines) and there is no `[DONE]`."""
     try:
         async for piece in speech.audio_pieces():
             yield _sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode("ascii")})
             if (progress := speech.progress_after_piece()) is not None:
                 yield _sse_event({"type": "speech.progress", **progress})
+            for word in _new_words(speech):
+                yield word
     except SynthesisAborted as e:
         yield _sse_event({"type": "error", **error_body(str(e), SERVER_ERROR, None, "synthesis_failed")})
         return
     if (progress := speech.final_progress()) is not None:
         yield _sse_event({"type": "speech.progress", **progress})
+    for word in _new_words(speech):
+        yield word
+    if speech.subtitles is not None and speech.timings is not None:
+        yield _sse_event({"type": "speech.subtitles", "format": speech.subtitles,
+                          "text": speech.timings.subtitles(speech.subtitles)})
     yield _sse_event({"type": "speech.audio.done", "usage": speech.usage().model_dump()})
+
+
+def _new_words(speech: SpeechStream) -> list[bytes]:
+    """`speech.word` events of the words completed since the last call (when asked)."""
+    if not speech.word_events or speech.timings is None:
+        return []
+    return [_sse_event({"type": "speech.word", **word.fields()}) for word in speech.timings.new_words()]
 
 
 def _sse_event(payload: dict) -> bytes:

@@ -103,15 +103,17 @@ class OffloadedEncoder:
 
 
 async def start_stream(plan: SpeechPlan, live_request: SynthesisRequest | None = None, *,
-                       client: Client | None = None) -> Stream:
+                       client: Client | None = None, in_flight: bool = False) -> Stream:
     """Queue `plan.request` on its model's engine, or with `live_request` open a stream whose text
     arrives later; the prompt is built off the event loop. Engine refusals become API errors.
 
     `client` (`clients.client_of(request)`; None = not limited) holds one of its places for as long
     as the stream lives: 429 `client_limit` when it has none left. While the server drains, 503
     (`lifecycle.draining_error`): every protocol starts its streams here, so every one drains.
+    `in_flight`: a later part of a request already served (a dialogue's next line), which the drain lets finish.
     """
-    PROCESS.refuse_if_draining()
+    if not in_flight:
+        PROCESS.refuse_if_draining()
     if client is not None:
         client.acquire()
     try:
