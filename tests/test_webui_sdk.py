@@ -1,5 +1,7 @@
 """The server hands out its own SDKs (`GET /sdk/`), and it, its console and its sockets work behind a path
-prefix: `serve --root-path /tts`, or `X-Forwarded-Prefix` from a trusted proxy.
+prefix: `serve --root-path /tts`, or `X-Forwarded-Prefix` from a trusted proxy. (Named test_webui_*: its
+browser test takes the session's Playwright, whose event loop stays in the main thread, so it runs after the
+tests that start loops of their own, as the console's tests do.)
 
 Real parts throughout: uvicorn on loopback; a reverse proxy in front that strips `/tts`
 (`tests/prefix_proxy.py`); `pip install <url>` into a fresh `python -m venv` and the installed client used
