@@ -99,9 +99,11 @@ class ModelRegistry:
                 model = LoadedModel(folder, settings)
                 served.append(ServedModel(id=_unique_id(model, served), model=model, engine=Engine(model),
                                           created=int((model.folder / MANIFEST).stat().st_mtime)))
-                log.info("loaded %s (%s %s, %s; code predictor %s %s) from %s", served[-1].id,
-                         model.manifest.model_type, model.manifest.model_size, model.manifest.quant,
-                         model.manifest.code_predictor.get("precision", "fp32"), model.predictor_file, model.folder)
+                predictor = (f"{model.manifest.code_predictor.get('precision', 'fp32')} {model.predictor_file}"
+                             if model.runtimes.predictor != "llama" else "on llama.cpp's graphs")
+                log.info("loaded %s (%s %s, %s; code predictor %s; codec on %s) from %s", served[-1].id,
+                         model.manifest.model_type, model.manifest.model_size, model.manifest.quant, predictor,
+                         model.runtimes.codec, model.folder)
         except BaseException:
             for s in served:
                 s.model.close()

@@ -1,28 +1,57 @@
 #!/usr/bin/env bash
-# CUDA check for a GPU machine lent for a few minutes (the `device` tool: no network there, its own
-# Python 3.12 with numpy, onnxruntime, tokenizers, CMake, ninja and nvcc; what travels is capped at 64 MiB).
+# The GPU check: talker, code predictor and codec on a GPU machine lent for a few minutes (the `device` tool:
+# no network there, its own Python 3.12 with numpy, onnxruntime, tokenizers, CMake, ninja and nvcc; at most
+# 64 MiB travels; 10 minutes a call, about 15 minutes of device time in all), the code predictor and the codec
+# on both runtimes (ONNX Runtime, llama.cpp's own graphs), on CUDA and, where that machine can build it, Vulkan.
 #
-#   scripts/gpu-check.sh prepare   here, on the CPU: writes .gpu-check/ (about 56 MB, the tiny model's
-#                                  tables most of it; with the repo it stays under the 64 MiB that travels):
-#                                  - llama.cpp's source, trimmed to what libllama needs with CUDA (ggml with
-#                                    its CPU and CUDA backends, src, include, common, vendor, the CMake files),
-#                                    from the sdist of requirements.txt's llama-cpp-python, as a .tar.gz
+#   scripts/gpu-check.sh prepare   here: writes .gpu-check/ (about 17 MB; no model travels, every model is made
+#                                  there with numpy's random weights, and its references on that machine's CPU):
+#                                  - llama.cpp's source from the sdist of requirements.txt's llama-cpp-python,
+#                                    trimmed to what libllama and libmtmd need with the CPU, CUDA and Vulkan
+#                                    backends (ggml, src, include, common, vendor, tools/mtmd, the CMake files),
+#                                    checked here by configuring it once (CPU)
 #                                  - llama_cpp's Python files (the ctypes bindings of that same version)
-#                                  - the gguf wheel (pure Python: the speed run writes a real-shape talker)
-#                                  - a tiny f32 model folder and references computed here on the CPU:
-#                                    teacher-forced talker logits and hidden states, greedy engine codes
-#   scripts/gpu-check.sh run       there: builds libllama with CUDA for the GPU it finds, loads it through
-#                                  LLAMA_CPP_LIB_PATH, compares logits/hidden and greedy codes with the
-#                                  references, runs the ONNX graphs on CUDA when that onnxruntime offers the
-#                                  CUDA provider (else says so), then times the talker in the 0.6B shape
-#                                  (random weights: speed does not depend on them). Report: $OUT/gpu-check.txt
+#                                  - wheels, for that machine's Python 3.12, of what the engine and the converter
+#                                    import beyond it (installed there only when missing)
+#   scripts/gpu-check.sh run       there: builds libllama and libmtmd with CUDA for the GPU it finds (and with
+#                                  Vulkan when glslc, the Vulkan headers and loader and NVIDIA's Vulkan driver
+#                                  are there; else the report names what is missing), loads them through
+#                                  LLAMA_CPP_LIB_PATH and MTMD_CPP_LIB, then per backend scripts/gpu_check.py:
+#                                  parity (the narrow-codec model: talker logits, greedy codes and codec SNR of
+#                                  each runtime against the machine's CPU) and speed (a random 1.7B model: first
+#                                  audio, RTF at 1, 8 and 32 streams, peak device memory against the seed's
+#                                  1.8 GB). One call does what fits in GPU_CHECK_BUDGET_S (default 540 s) and
+#                                  says what it left; builds and models stay in .cache/gpu-check/ (ignored, so
+#                                  never carried and kept on the warm machine): the same command again goes on.
+#                                  Report: $OUT/gpu-check.txt (appended).
+#   scripts/gpu-check.sh dry-run   here, without a GPU: run's steps with .venv's llama.cpp in place of a build,
+#                                  every stage on the CPU, the narrow model for the speed part too, 1 and 2
+#                                  streams of 8 frames (tests/test_gpu_check.py runs it). Report:
+#                                  ${OUT:-.cache/gpu-check/dry-run}/gpu-check.txt
 #
-# The device call (one command, one 10-minute call; the build takes most of it):
+# The device call (then, if the report says it left steps, the same call once more on the warm machine):
 #   run(command="bash scripts/gpu-check.sh run", carry=[".gpu-check"], timeout_s=600)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=.gpu-check
+WORK=.cache/gpu-check
 mode="${1:-}"
+# module each carried wheel brings (a wheel is installed there only when its module is missing)
+WHEELS=(gguf:gguf PyYAML:yaml onnx:onnx protobuf:google.protobuf ml_dtypes:ml_dtypes tqdm:tqdm
+        typing_extensions:typing_extensions threadpoolctl:threadpoolctl diskcache:diskcache Jinja2:jinja2
+        MarkupSafe:markupsafe)
+
+cmake_flags() {  # the llama.cpp configuration of a backend (cpu, cuda, vulkan): libllama and libmtmd only
+  local flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_MTMD=ON -DMTMD_VIDEO=OFF
+               -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+               -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF)
+  case "$1" in
+    cuda) flags+=(-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES="$2" -DGGML_CUDA_NCCL=OFF) ;;
+    vulkan) flags+=(-DGGML_VULKAN=on) ;;
+  esac
+  command -v ninja >/dev/null && flags+=(-G Ninja)
+  printf '%s\n' "${flags[@]}"
+}
 
 prepare() {
   local py=.venv/bin/python version sdist src
@@ -33,163 +62,149 @@ prepare() {
   src="$(mktemp -d)"
   tar xzf "$sdist" -C "$src"
   local top="$src/llama_cpp_python-$version" l="$src/llama_cpp_python-$version/vendor/llama.cpp"
-  # the Python bindings (pure Python; the library comes from the CUDA build there)
   mkdir -p "$DIR/py/llama_cpp" && cp "$top"/llama_cpp/*.py "$DIR/py/llama_cpp/"
-  # ggml without the backends not built there
-  for b in "$l"/ggml/src/ggml-*/; do
-    case "$(basename "$b")" in ggml-cpu|ggml-cuda) ;; *) rm -rf "$b" ;; esac
+  for b in "$l"/ggml/src/ggml-*/; do  # ggml without the backends not built there
+    case "$(basename "$b")" in ggml-cpu|ggml-cuda|ggml-vulkan) ;; *) rm -rf "$b" ;; esac
   done
-  tar czf "$DIR/llama.cpp.tar.gz" -C "$l" CMakeLists.txt cmake ggml src include common vendor LICENSE
+  tar czf "$DIR/llama.cpp.tar.gz" -C "$l" CMakeLists.txt cmake ggml src include common vendor tools/mtmd LICENSE
+  # the check: the trimmed tree configures (CPU; the CUDA and Vulkan backends configure there)
+  mkdir -p "$src/check" && tar xzf "$DIR/llama.cpp.tar.gz" -C "$src/check"
+  mapfile -t flags < <(cmake_flags cpu)
+  cmake -S "$src/check" -B "$src/check/build" "${flags[@]}" >"$src/cmake.log" 2>&1 \
+    || { tail -30 "$src/cmake.log"; echo "gpu-check: the trimmed llama.cpp does not configure" >&2; exit 1; }
   rm -rf "$src"
-  # pure-Python wheels that machine lacks: gguf (the speed run writes a GGUF), diskcache (llama_cpp imports it)
-  "$py" -m pip download -q --no-deps --only-binary=:all: -d "$DIR/wheels" \
-    "gguf==$(sed -n 's/^gguf==\([0-9.]*\).*/\1/p' requirements.txt)" "diskcache==5.6.3"
-  # model and references, on the CPU, in the deterministic profile
-  "$py" - "$DIR" <<'EOF'
-import shutil, sys
-from pathlib import Path
-import numpy as np
-sys.path.insert(0, ".")
-from tests.conftest import converted_model
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
-from qwen3_tts_gguf.model.prompt import VoiceSpec
-from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.model.sampler import SamplingParams
-from qwen3_tts_gguf.engine.scheduler import Engine
-from qwen3_tts_gguf.model.talker import Talker, TalkerSettings
-
-out = Path(sys.argv[1])
-model_dir = out / "model"
-shutil.copytree(converted_model("tiny_cv", "f32"), model_dir)
-talker = Talker(model_dir / "talker.gguf", TalkerSettings(n_ctx=256, max_streams=2, deterministic=True, threads=2))
-rows = np.random.default_rng(0).standard_normal((14, talker.hidden_size)).astype(np.float32)
-logits, hidden = talker.decode_steps(0, rows, 9)
-talker.close()
-np.save(out / "rows.npy", rows); np.save(out / "logits.npy", logits); np.save(out / "hidden.npy", hidden)
-greedy = SamplingParams(greedy=True)
-engine = Engine(LoadedModel(model_dir, EngineSettings(deterministic=True, max_streams=2, threads=2, n_ctx=2048))).start()
-stream = engine.submit(SynthesisRequest("Hello world, this is a parity test.", VoiceSpec(speaker="ryan", language="english"),
-                                        talker=TalkerSampling(greedy), code_predictor=greedy, seed=0, max_frames=30,
-                                        ignore_eos=True))
-for _ in stream:
-    pass
-engine.stop(); engine.model.close()
-np.save(out / "codes.npy", stream.result.codes)
-print(f"references: logits {logits.shape}, codes {stream.result.codes.shape}")
-EOF
-  tar czf "$DIR/model.tar.gz" -C "$DIR" model && rm -rf "$DIR/model"  # ~52 MB: the repo + this stay under 64 MiB
+  # wheels for that machine's Python, at the versions .venv runs
+  local pins=() name
+  for w in "${WHEELS[@]}"; do
+    name="${w%%:*}"
+    pins+=("$name==$("$py" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")")
+  done
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$DIR/wheels" "${pins[@]}"
   du -sh "$DIR"
   echo "gpu-check: ready; on the GPU machine: bash scripts/gpu-check.sh run (carry .gpu-check)" >&2
 }
 
-run() {
-  [ -f "$DIR/model.tar.gz" ] || { echo "gpu-check: $DIR is missing: scripts/gpu-check.sh prepare (here)" >&2; exit 1; }
-  local out="${OUT:-/tmp/gpu-check-out}" py=python3 build=/tmp/llama-cuda
-  mkdir -p "$out"
-  exec > >(tee "$out/gpu-check.txt") 2>&1
-  echo "== machine"; nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv || true
-  nvcc --version | tail -1 || true
-  "$py" --version
-  local lib
-  if [ -n "${GPU_CHECK_LIB:-}" ]; then  # a dry run elsewhere: a llama.cpp library built already (e.g. Vulkan)
-    lib="$GPU_CHECK_LIB"
-  else
-  arch="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)"
-  echo "== build libllama with CUDA (sm_${arch:-native})"
-  rm -rf /tmp/llama-src && mkdir -p /tmp/llama-src && tar xzf "$DIR/llama.cpp.tar.gz" -C /tmp/llama-src
-  local t0=$SECONDS gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S /tmp/llama-src -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-    -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES="${arch:-native}" -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
-  cmake --build "$build" --target llama -j "$(nproc)" >/tmp/llama-build.log 2>&1 \
-    || { tail -40 /tmp/llama-build.log; exit 1; }
-  echo "built in $((SECONDS - t0)) s"
-  lib="$(dirname "$(find "$build" -name 'libllama.so' | head -1)")"
-  find "$build" -name 'libggml*.so*' ! -path "$lib/*" -exec cp -an {} "$lib/" \;
+vulkan_missing() {  # what building and running ggml-vulkan here lacks (nothing: empty)
+  local miss=()
+  command -v glslc >/dev/null || miss+=("glslc (the shader compiler)")
+  printf '#include <vulkan/vulkan.hpp>\nvk::LayerSettingEXT setting;\n' | c++ -std=c++17 -fsyntax-only -x c++ - \
+    2>/dev/null || miss+=("Vulkan C++ headers with vk::LayerSettingEXT (Debian 12's 1.3.239 lack it)")
+  ldconfig -p 2>/dev/null | grep -qE 'libvulkan\.so \(' || miss+=("the Vulkan loader's libvulkan.so")
+  compgen -G "/usr/share/vulkan/icd.d/nvidia_icd*.json" >/dev/null || compgen -G "/etc/vulkan/icd.d/nvidia_icd*.json" \
+    >/dev/null || miss+=("NVIDIA's Vulkan driver (nvidia_icd.json)")
+  local joined
+  joined="$(printf '%s; ' "${miss[@]}")"
+  [ ${#miss[@]} -eq 0 ] || echo "${joined%; }"
+}
+
+build() {  # BACKEND ARCH: libllama and libmtmd into $WORK/BACKEND/lib; goes on where a call left it
+  local backend="$1" dir="$WORK/$1" t0=$SECONDS left
+  [ -f "$dir/lib/.built" ] && { echo "  $backend: built in an earlier call"; return 0; }
+  [ -d "$dir/src" ] || { mkdir -p "$dir/src" && tar xzf "$DIR/llama.cpp.tar.gz" -C "$dir/src"; }
+  mapfile -t flags < <(cmake_flags "$backend" "${2:-}")
+  cmake -S "$dir/src" -B "$dir/build" "${flags[@]}" >"$dir/cmake.log" 2>&1 \
+    || { tail -30 "$dir/cmake.log"; echo "  $backend: cmake failed"; return 1; }
+  left=$((deadline - SECONDS))
+  [ "$left" -gt 10 ] || { echo "  $backend: not built in this call (out of time): run again, it goes on"; return 2; }
+  if ! timeout "$left" cmake --build "$dir/build" --target llama mtmd -j "$(nproc)" >"$dir/build.log" 2>&1; then
+    if [ $((deadline - SECONDS)) -le 1 ]; then
+      echo "  $backend: not built in this call ($((SECONDS - t0)) s so far): run again, it goes on"; return 2
+    fi
+    tail -40 "$dir/build.log"; echo "  $backend: build failed"; return 1
   fi
-  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$DIR"/wheels/*.whl
-  export LLAMA_CPP_LIB_PATH="$lib" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" PYTHONPATH="$PWD/$DIR/py:/tmp/site:$PWD"
-  rm -rf /tmp/gpu-check && mkdir -p /tmp/gpu-check && tar xzf "$DIR/model.tar.gz" -C /tmp/gpu-check
-  cp "$DIR"/*.npy /tmp/gpu-check/
-  echo "== doctor"; "$py" -m qwen3_tts_gguf doctor --gpu-layers all --device auto || true
-  echo "== parity and speed"
-  PYTHONUNBUFFERED=1 "$py" - /tmp/gpu-check <<'EOF'
-import os, sys, time
-from pathlib import Path
-import numpy as np
-import onnxruntime as ort
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
-from qwen3_tts_gguf.model.prompt import VoiceSpec
-from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.model.sampler import SamplingParams
-from qwen3_tts_gguf.engine.scheduler import Engine
-from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
+  mkdir -p "$dir/lib" && find "$dir/build" -name 'lib*.so*' -exec cp -a {} "$dir/lib/" \;
+  touch "$dir/lib/.built"
+  echo "  $backend: built in $((SECONDS - t0)) s"
+}
 
-d = Path(sys.argv[1])
-ok = True
-t = Talker(d / "model" / "talker.gguf", TalkerSettings(n_ctx=256, max_streams=2, deterministic=True, gpu_layers=-1))
-rows = np.load(d / "rows.npy")
-logits, hidden = t.decode_steps(0, rows, 9)
-t.close()
-dl = float(np.abs(logits - np.load(d / "logits.npy")).max()); dh = float(np.abs(hidden - np.load(d / "hidden.npy")).max())
-print(f"talker f32, all layers offloaded vs CPU: logits max|d| {dl:.2e}, hidden max|d| {dh:.2e}")
-ok &= dl < 3e-2 and dh < 5e-3  # the lavapipe bars (tests/test_vulkan.py); CUDA f32 should be far inside
+install_wheels() {  # the carried wheels whose module this Python lacks, unpacked into $WORK/site
+  local site="$WORK/site" w
+  mkdir -p "$site"
+  for w in "${WHEELS[@]}"; do
+    PYTHONPATH="$site" "$py" -c "import ${w#*:}" 2>/dev/null && continue
+    "$py" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
+      "$(ls "$DIR"/wheels/"${w%%:*}"-*.whl "$DIR"/wheels/"$(echo "${w%%:*}" | tr 'A-Z-' 'a-z_')"-*.whl 2>/dev/null | head -1)" "$site"
+    echo "  installed ${w%%:*} (this Python has none)"
+  done
+}
 
-def greedy_codes(device):
-    g = SamplingParams(greedy=True)
-    m = LoadedModel(d / "model", EngineSettings(deterministic=True, max_streams=2, n_ctx=2048, gpu_layers=-1, device=device))
-    e = Engine(m).start()
-    s = e.submit(SynthesisRequest("Hello world, this is a parity test.", VoiceSpec(speaker="ryan", language="english"),
-                                  talker=TalkerSampling(g), code_predictor=g, seed=0, max_frames=30, ignore_eos=True))
-    for _ in s:
-        pass
-    e.stop(); m.close()
-    return s.result.codes
+check_backend() {  # LABEL LIBDIR: parity, then speed, with this llama.cpp
+  local label="$1" lib="$2" rc=0 cpu_flag=() speed=()
+  [ "${GPU_CHECK_CPU:-0}" = 1 ] && cpu_flag=(--cpu)
+  speed=(--shape "${GPU_CHECK_SHAPE:-1.7b}" --streams "${GPU_CHECK_STREAMS:-1,8,32}" --frames "${GPU_CHECK_FRAMES:-48}")
+  local env=(LLAMA_CPP_LIB_PATH="$lib" MTMD_CPP_LIB="$lib" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
+             PYTHONPATH="$pythonpath" PYTHONUNBUFFERED=1)
+  echo "== doctor ($label)"
+  env "${env[@]}" "$py" -m qwen3_tts_gguf doctor --cp-runtime llama --codec-runtime llama \
+    $([ "${GPU_CHECK_CPU:-0}" = 1 ] || echo --gpu-layers all) || true
+  env "${env[@]}" "$py" scripts/gpu_check.py parity "$WORK" --label "$label" "${cpu_flag[@]}" \
+    --budget-s $((deadline - SECONDS)) || rc=1
+  env "${env[@]}" "$py" scripts/gpu_check.py speed "$WORK" --label "$label" "${cpu_flag[@]}" "${speed[@]}" \
+    --budget-s $((deadline - SECONDS)) || rc=1
+  return $rc
+}
 
-ref = np.load(d / "codes.npy")
-codes = greedy_codes("cpu")
-same = (codes == ref).all(axis=1)
-print(f"greedy codes (talker offloaded, graphs on CPU) vs CPU: {int(same.sum())}/{len(same)} frames equal"
-      + ("" if same.all() else f", first difference at frame {int(np.argmin(same))}"))
-ok &= bool(same.all())
-if "CUDAExecutionProvider" in ort.get_available_providers():
-    codes = greedy_codes("cuda")
-    same = (codes == ref).all(axis=1)
-    print(f"greedy codes (talker and graphs on CUDA) vs CPU: {int(same.sum())}/{len(same)} frames equal")
-else:
-    print(f"ONNX graphs on CUDA: untested, this onnxruntime {ort.__version__} offers {ort.get_available_providers()}")
+run() {  # the report on the terminal and in $OUT/gpu-check.txt
+  local out="${OUT:-/tmp/gpu-check-out}"
+  mkdir -p "$out" "$WORK"
+  run_checks 2>&1 | tee -a "$out/gpu-check.txt"
+}
 
-if os.environ.get("GPU_CHECK_SPEED", "1") == "0":
-    print("gpu-check:", "PASS" if ok else "FAIL", "(no speed run)")
-    sys.exit(0 if ok else 1)
-# speed: the talker in the 0.6B shape (random weights), f16 and q8_0-free (no llama-quantize there)
-from qwen3_tts_gguf.convert.checkpoint import Checkpoint
-from qwen3_tts_gguf.convert.talker_gguf import write_talker_gguf
-from qwen3_tts_gguf.convert.random_checkpoint import make_random_checkpoint
-t0 = time.monotonic()
-ck = make_random_checkpoint("/tmp/r06", "0.6b")
-write_talker_gguf(Checkpoint.open(ck), Path("/tmp/r06-talker-f16.gguf"), "f16")
-print(f"0.6B-shape random talker written in {time.monotonic() - t0:.0f} s")
-for streams in (1, 8):
-    t = Talker("/tmp/r06-talker-f16.gguf", TalkerSettings(n_ctx=4096, max_streams=8, gpu_layers=-1))
-    H = t.hidden_size
-    rng = np.random.default_rng(0)
-    t.decode([DecodeItem(s, 0, rng.standard_normal((60, H)).astype(np.float32)) for s in range(streams)])
-    t0 = time.perf_counter(); n = 100
-    for k in range(n):
-        t.decode([DecodeItem(s, 60 + k, rng.standard_normal((1, H)).astype(np.float32)) for s in range(streams)])
-    ms = (time.perf_counter() - t0) / n * 1000
-    print(f"0.6B talker f16 on CUDA, {streams} stream(s): {ms:.2f} ms per step (frame = 80 ms of audio)")
-    t.close()
-print("gpu-check:", "PASS" if ok else "FAIL")
-sys.exit(0 if ok else 1)
-EOF
+run_checks() {
+  local status=0 missing arch rc backend
+  py="${GPU_CHECK_PYTHON:-python3}"
+  deadline=$((SECONDS + ${GPU_CHECK_BUDGET_S:-540}))
+  echo "== machine ($(date -u +%Y-%m-%dT%H:%M:%SZ))"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>/dev/null \
+    || echo "no nvidia-smi: no NVIDIA GPU"
+  { nvcc --version 2>/dev/null | tail -1; } || true
+  "$py" -c "import sys, numpy, onnxruntime as o
+print('python', sys.version.split()[0], '| numpy', numpy.__version__, '| onnxruntime', o.__version__, o.get_available_providers())"
+  missing="$(vulkan_missing)"
+  if [ -n "$missing" ]; then echo "Vulkan on this machine: not built, missing: $missing"
+  else echo "Vulkan on this machine: buildable (glslc, headers, loader and NVIDIA's Vulkan driver found)"; fi
+  pythonpath="$PWD"
+  local backends=()
+  if [ -n "${GPU_CHECK_LIB:-}" ]; then  # the dry run (or a llama.cpp built before): no build
+    backends=("${GPU_CHECK_LABEL:-given}:$GPU_CHECK_LIB")
+  else
+    [ -f "$DIR/llama.cpp.tar.gz" ] || { echo "gpu-check: $DIR is missing: scripts/gpu-check.sh prepare (here)"; exit 1; }
+    install_wheels
+    pythonpath="$PWD/$DIR/py:$PWD/$WORK/site:$PWD"
+    arch="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)"
+    backends=(cuda $([ -n "$missing" ] || echo vulkan))
+  fi
+  for b in "${backends[@]}"; do  # each backend built (unless given), then checked, before the next is built
+    backend="${b%%:*}"
+    if [ -z "${GPU_CHECK_LIB:-}" ]; then
+      echo "== build $backend$([ "$backend" = cuda ] && echo " for sm_$arch")"
+      rc=0
+      build "$backend" "$arch" || rc=$?
+      case $rc in 0) b="$backend:$WORK/$backend/lib" ;; 2) status=2; continue ;; *) status=1; continue ;; esac
+    fi
+    check_backend "$backend" "${b#*:}" || status=1
+  done
+  case $status in
+    0) echo "gpu-check: PASS ($SECONDS s; any step listed as not run: run again)" ;;
+    2) echo "gpu-check: INCOMPLETE, a build did not finish in this call ($SECONDS s): run again, it goes on" ;;
+    *) echo "gpu-check: FAIL ($SECONDS s)" ;;
+  esac
+  return $status
+}
+
+dry_run() {
+  local lib
+  lib="$(.venv/bin/python -c 'import os, llama_cpp; print(os.path.join(os.path.dirname(llama_cpp.__file__), "lib"))')"
+  WORK=.cache/gpu-check/dry-run-work OUT="${OUT:-.cache/gpu-check/dry-run}" GPU_CHECK_PYTHON=.venv/bin/python \
+    GPU_CHECK_LIB="$lib" GPU_CHECK_LABEL="cpu (dry run)" GPU_CHECK_CPU=1 GPU_CHECK_SHAPE=narrow \
+    GPU_CHECK_STREAMS=1,2 GPU_CHECK_FRAMES=8 run
 }
 
 case "$mode" in
   prepare) prepare ;;
   run) run ;;
-  *) echo "usage: scripts/gpu-check.sh prepare|run" >&2; exit 2 ;;
+  dry-run) dry_run ;;
+  *) echo "usage: scripts/gpu-check.sh prepare|run|dry-run" >&2; exit 2 ;;
 esac

@@ -392,3 +392,18 @@ def test_an_idle_engine_gives_the_freed_heap_back_once(converted_factory, monkey
         time.sleep(1.0)  # idle past IDLE_TRIM_S again: the worker woke several times more
         assert len(trims) == 2
     model.close()
+
+
+def test_the_largest_chunk_is_due_before_a_stream_stops_for_its_codec(converted_factory):
+    """A stream with MAX_CHUNK_FRAMES frames waiting for the codec steps no more: its chunk must be due then."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qwen3_tts_gguf.model.loaded import MAX_CHUNK_FRAMES
+
+    settings = EngineSettings(deterministic=True, max_streams=1, threads=1, chunk_frames=(MAX_CHUNK_FRAMES,))
+    model = LoadedModel(converted_factory("tiny_cv", "f32"), settings)
+    with Engine(model) as engine, ThreadPoolExecutor(1) as pool:
+        stream = engine.submit(greedy_request("Hi there.", "ryan", frames=2 * MAX_CHUNK_FRAMES + 3))
+        chunks = pool.submit(list, stream).result(timeout=120)
+    assert [c.n_frames for c in chunks] == [MAX_CHUNK_FRAMES, MAX_CHUNK_FRAMES, 3]
+    model.close()

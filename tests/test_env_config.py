@@ -210,7 +210,7 @@ def test_engine_settings_keep_their_domains():
     for bad in (dict(threads=-1), dict(max_streams=0), dict(max_streams=MAX_STREAMS + 1), dict(max_pending=-1),
                 dict(max_buffered_audio_s=float("nan")), dict(max_buffered_audio_s=0.0), dict(prefix_cache=-1),
                 dict(codec_threads=-2), dict(n_ctx=-1), dict(n_ctx=MAX_KV_CELLS + 1),
-                dict(chunk_frames=()), dict(chunk_frames=(1, 0)), dict(budget_base_frames=0),
+                dict(chunk_frames=()), dict(chunk_frames=(1, 0)), dict(chunk_frames=(17,)), dict(budget_base_frames=0),
                 dict(budget_frames_per_token=-1), dict(max_segment_chars=0),  # 0 made submit loop forever
                 dict(heap_map_threshold=-5)):
         field = next(iter(bad))

@@ -23,6 +23,7 @@ from qwen3_tts_gguf.model.prompt import ReferencePrompt, VoiceSpec
 from qwen3_tts_gguf.model.runtimes import StageRuntimeError
 from qwen3_tts_gguf.model.sampler import SamplingParams
 from tests.conftest import converted_preset
+from tests.greedy_agreement import assert_greedy_codes_agree, recording, snr_db
 from tests.reference.runner import clone_prompt, official_generate
 
 FRAMES = 30
@@ -30,10 +31,6 @@ GREEDY = SamplingParams(greedy=True)
 CODEC_SNR_DB = {"exact": 39.0, "fast": 37.0}
 """The llama.cpp codec against the fp32 ONNX codec, per preset: its matrices at f32 (exact, default) or
 f16 (fast); measured 39.5 and 37.9 dB on random weights at the published shape."""
-
-
-def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(reference ** 2) / np.sum((reference - other) ** 2)))
 
 
 def greedy_request(text, voice, text_mode=None, frames=FRAMES, **kw) -> SynthesisRequest:
@@ -45,44 +42,6 @@ def speak(engine: Engine, request: SynthesisRequest):
     stream = engine.submit(request)
     wav = np.concatenate([c.samples for c in stream] or [np.zeros(0, np.float32)])
     return stream.result, wav
-
-
-NEAR_TIE = 5e-3
-"""A code where the official implementation's float64 logits put the first two candidates closer than
-this may be picked either way by two float32 renderings (measured: a gap of 0.0025 on the tiny Base
-model, 0.0032 on a 0.6B random net); llama.cpp's code_gen and ONNX Runtime sum in different orders."""
-
-
-def assert_greedy_codes_agree(actual: np.ndarray, expected: np.ndarray, inputs: list, checkpoint) -> None:
-    """Equal codes, or equal up to a first difference that is a near tie of the official float64 logits
-    (teacher-forced at that frame from the talker state our stream had: `inputs[frame]`)."""
-    from qwen3_tts_gguf.convert.checkpoint import Checkpoint
-    from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits
-
-    assert actual.shape == expected.shape
-    differ = np.argwhere(actual != expected)
-    if not len(differ):
-        return
-    frame, book = differ[0]
-    assert book >= 1, f"codebook 0 differs at frame {frame}: the talker's, not the code predictor's"
-    hidden, code0 = inputs[frame]
-    ckpt = Checkpoint.open(checkpoint)
-    logits = code_predictor_logits(ckpt.weights, ckpt.config, hidden, code0, list(actual[frame, 1:]))[book - 1]
-    first, second = np.sort(logits)[::-1][:2]
-    assert expected[frame, book] == logits.argmax() and first - second < NEAR_TIE, (frame, book, first - second)
-    assert logits[actual[frame, book]] == second, "llama.cpp picked the float64 runner-up"
-
-
-def recording(engine: Engine) -> list:
-    """The (hidden, code0) each frame of the next stream was predicted from (one stream at a time)."""
-    inputs, predict = [], engine.model.predictor.predict
-
-    def spy(hidden, code0, params, rngs=None, rand=None):
-        inputs.append((hidden[0].copy(), int(code0[0])))
-        return predict(hidden, code0, params, rngs=rngs, rand=rand)
-
-    engine.model.predictor.predict = spy
-    return inputs
 
 
 def open_engine(folder, **settings) -> Engine:

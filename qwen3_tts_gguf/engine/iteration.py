@@ -13,10 +13,11 @@ import numpy as np
 from qwen3_tts_gguf.engine.active import ActiveStream, StreamFault
 from qwen3_tts_gguf.engine.runaway import Loop, RunawayEvent
 from qwen3_tts_gguf.engine.text_sources import FedText
+from qwen3_tts_gguf.model.loaded import MAX_CHUNK_FRAMES
 from qwen3_tts_gguf.model.sampler import SamplingParams, sample_code0
 from qwen3_tts_gguf.model.talker import DecodeItem
 
-MAX_PENDING_FRAMES = 16
+MAX_PENDING_FRAMES = MAX_CHUNK_FRAMES
 """A stream with this many frames waiting for the codec (its call in a codec lane still running)
 makes no more until they are decoded: one codec call never grows past it."""
 

@@ -212,6 +212,7 @@ class LlamaCodec:
     samples_per_frame = SAMPLES_PER_FRAME
     num_quantizers = CODES_PER_FRAME
     runtime = "llama"
+    max_call_frames = WINDOW  # every call costs a whole window: a seeded stream's grid (chunking.py) need not cut
 
     def __init__(self, stages: LlamaStages, codebook_size: int = 2048):
         self.stages = stages

@@ -41,7 +41,9 @@ MAX_PREFIX_CACHE = 128
 MAX_PENDING = 10_000
 """The most requests (and, apart, live-text streams) one model lets wait for a slot."""
 MAX_BUFFERED_AUDIO_S = 600.0
-MAX_CHUNK_FRAMES = 64
+MAX_CHUNK_FRAMES = 16
+"""The largest chunk: a stream with this many frames waiting for the codec makes no more (iteration.py), so a
+larger chunk would never be due."""
 MIN_SEGMENT_CHARS, MAX_SEGMENT_CHARS = 8, 100_000
 RUNAWAY_ACTIONS = ("off", "end", "retry")
 """What the runaway guard does with a segment whose codebook 0 loops (engine/runaway.py)."""
