@@ -8,6 +8,8 @@ stress-ng loads, ours and official side by side), merged into the latest saved f
 `--preset fast` model with the codec on ONNX Runtime and on OpenVINO).
 `python -m bench --only codec`: only the codec-precision block (fp16, int8, the Snake with `Sin`: speed and SNR).
 `python -m bench --only latency`: only the time to first audio of the configurations a user can choose.
+`python -m bench --only stages [--shapes 0.6b,1.7b]`: only the code predictor and the codec on ONNX Runtime and on
+llama.cpp's graphs (ms per frame for one stream and eight, memory, agreement).
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak/).
 """
@@ -153,7 +155,7 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (4 if plan["memory"] else 0)
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (5 if plan["memory"] else 0)
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -312,6 +314,9 @@ def run(args) -> dict:
             step("time to first audio per configuration")
             results["latency"] = _first_audio(progress, threads, plan["quiet_s"])
             bar.update()
+            step("stage runtimes")
+            results["stages"] = _stage_runtimes(progress, threads, plan["shapes"], plan["quiet_s"])
+            bar.update()
         # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
         step("machine limits (again)")
         if budget.allows("machine limits, second measurement", 20):
@@ -420,11 +425,49 @@ def _codec(progress, threads: int, quiet_s: float) -> dict:
     return {**origin, **res}
 
 
+def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -> dict:
+    """The stage-runtimes block (bench/stage_runtimes.py) per shape, each in a worker: the code predictor on ONNX
+    Runtime (fp32, int8) and llama.cpp (f32, f16), the codec on ONNX Runtime and llama.cpp (f32)."""
+    from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.llama_stages import write_llama_stages
+    from qwen3_tts_gguf.convert.presets import PRESETS
+    from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE
+
+    from bench import machine
+
+    out = {**machine.block_origin(), "shapes": {}}
+    for shape in shapes:
+        ckpt, fp32 = _converted_model(threads, progress.bar.write, shape, "q8_0", "fp32")
+        _, int8 = _converted_model(threads, progress.bar.write, shape, "q8_0", "int8")
+        exact = fp32.parent / f"{fp32.name}-stages-exact.gguf"  # the default preset's folders hold f16/f32
+        if not exact.exists():
+            progress.bar.write(f"writing the exact llama stages of {shape}")
+            write_llama_stages(Checkpoint.open(ckpt), exact.with_suffix(".tmp"), PRESETS["exact"].llama_stages)
+            exact.with_suffix(".tmp").rename(exact)
+        default = int8 / LLAMA_STAGES_FILE
+        variants = [
+            dict(name="cp onnx fp32", stage="predictor", runtime="onnxruntime", folder=str(fp32), precision="fp32"),
+            dict(name="cp onnx int8", stage="predictor", runtime="onnxruntime", folder=str(int8), precision="int8"),
+            dict(name="cp llama f32", stage="predictor", runtime="llama", folder=str(fp32), stages_file=str(exact),
+                 precision="f32"),
+            dict(name="cp llama f16", stage="predictor", runtime="llama", folder=str(int8), stages_file=str(default),
+                 precision="f16"),
+            dict(name="codec onnx fp32", stage="codec", runtime="onnxruntime", folder=str(int8), precision="fp32"),
+            dict(name="codec llama f32", stage="codec", runtime="llama", folder=str(int8), stages_file=str(default),
+                 precision="f32"),
+        ]
+        out["shapes"][shape] = one_shot(progress, "stages", {"variants": variants, "threads": threads,
+                                                             "rounds": STAGE_ROUNDS, "quiet_s": quiet_s}, 3600)
+    return out
+
+
+STAGE_ROUNDS = 2
 MEMORY_FRAMES = 24  # frames per stream of the memory block's eight streams
 OVERLAP_FRAMES, OVERLAP_ROUNDS = MODES["full"]["frames"], 5  # utterances as long as the one-stream table's
 CODEC_ROUNDS = 5
 ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory", "overlap": "## Codec overlap",
-               "codec": "## Codec precision", "latency": "## Time to first audio per configuration"}
+               "codec": "## Codec precision", "latency": "## Time to first audio per configuration",
+               "stages": "## Stage runtimes"}
 """--only NAME -> its section of the report"""
 
 
@@ -451,6 +494,8 @@ def run_only(args) -> dict:
             block = _codec(progress, plan["threads"][0], plan["quiet_s"])
         elif args.only == "latency":
             block = _first_audio(progress, plan["threads"][0], plan["quiet_s"])
+        elif args.only == "stages":
+            block = _stage_runtimes(progress, plan["threads"][0], plan["shapes"], plan["quiet_s"])
         else:
             block = _overlap(plan["threads"][0], plan["quiet_s"])
         bar.update()

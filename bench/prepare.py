@@ -33,7 +33,7 @@ def _digest(paths: list[Path], extra: str = "") -> str:
 
 def checkpoint_digest() -> str:
     pkg = ROOT / "qwen3_tts_gguf"
-    return _digest([pkg / "random_checkpoint.py", pkg / "model_shapes.py"])
+    return _digest([pkg / "convert" / "random_checkpoint.py", pkg / "convert" / "model_shapes.py"])
 
 
 def converter_digest() -> str:

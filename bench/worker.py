@@ -4,7 +4,8 @@ official pipeline, llama.cpp + ONNX Runtime for ours) never mix.
 One-shot tasks: `python -m bench.worker TASK PARAMS_JSON OUT_JSON` with TASK machine (bandwidth,
 GFLOP/s), costs (bytes/FLOPs of a model folder), agreement (quantized paths against precise ones),
 memory (resident memory per part, `bench/memory.py`), codec (the codec graph's precisions,
-`bench/codec_precision.py`) or http (the HTTP server).
+`bench/codec_precision.py`), stages (each stage on ONNX Runtime and on llama.cpp, `bench/stage_runtimes.py`)
+or http (the HTTP server).
 
 Sessions: `python -m bench.worker session ours|official PARAMS_JSON` loads a model once (in a session of
 its own at that autogroup nice when PARAMS has `autogroup_nice`), answers
@@ -70,6 +71,10 @@ def _one_shot(task: str, params: dict, out: Path) -> int:
             from bench import codec_precision
 
             result = codec_precision.measure(progress=progress, **params)
+        elif task == "stages":
+            from bench import stage_runtimes
+
+            result = stage_runtimes.measure(progress=progress, **params)
         elif task == "http":
             from bench.http_ttfa import run
 

@@ -160,6 +160,7 @@ def parity(work: Path, label: str, cpu: bool, budget: Budget) -> bool:
     from qwen3_tts_gguf.model.codec import CodecDecoder
     from qwen3_tts_gguf.model.manifest import CODEC_FILE, TALKER_FILE
     from qwen3_tts_gguf.model.talker import Talker, TalkerSettings
+
     from tests.greedy_agreement import assert_greedy_codes_agree, recording, snr_db
     from tests.narrow_codec import narrow_codec_checkpoint
 

@@ -93,3 +93,10 @@ def test_the_llama_builds_experiment_needs_folders_with_llama_cpp(tmp_path):
     assert args.builds == [str(tmp_path)]
     with pytest.raises(SystemExit, match="holds no llama_cpp"):
         llama_builds(args)
+
+
+def test_the_bench_caches_are_keyed_on_files_that_exist():
+    """The bench's checkpoints and converted folders are cached under digests of the code that builds them."""
+    from bench import prepare
+
+    assert len(prepare.checkpoint_digest()) == 10 and len(prepare.converter_digest()) == 10

@@ -32,12 +32,13 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from qwen3_tts_gguf import __version__
+
 from api.limits import ServerLimits
 from api.ops.forwarded import ForwardedHeaders
 from api.sdk import npm, wheel
 from api.sdk.downloads import SdkDownloads
 from api.testing import ServerThread
-from qwen3_tts_gguf import __version__
 from tests.conftest import CHROMIUM
 from tests.prefix_proxy import PrefixProxy, proxy_thread
 from tests.server_fixtures import registry_fixture, server_fixture

@@ -25,8 +25,15 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import (API_PREFIXES, SENT_CONTENT_TYPE, SERVER_ERROR, APIError, invalid_request, payload_too_large,
-                        unauthorized)
+from api.errors import (
+    API_PREFIXES,
+    SENT_CONTENT_TYPE,
+    SERVER_ERROR,
+    APIError,
+    invalid_request,
+    payload_too_large,
+    unauthorized,
+)
 from api.limits import ServerLimits
 from api.ops import headers
 from api.ops.metrics import Metrics

@@ -38,6 +38,7 @@ from api.speaking.start import plan_request, start_stream
 from api.speaking.timings import Timings
 from api.state import AppState
 
+
 def plan_dialogue(state: AppState, inputs: Sequence[tuple[str, str]], fields: dict[str, Any]) -> list[DialogueLine]:
     """Each (text, voice) of `inputs` planned as a speech request of `fields` (model, language, seed,
     normalization), within the server's dialogue limits; APIError 400/404 naming the input at fault."""

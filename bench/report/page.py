@@ -14,6 +14,7 @@ from bench.report.memory import render_memory
 from bench.report.overlap import render_overlap
 from bench.report.results import _limits, _probe_spread
 from bench.report.shape import _render_shape
+from bench.report.stages import render_stages
 from bench.report.targets import render_targets
 
 SUMMARY = ROOT / "bench" / "summary.md"
@@ -105,6 +106,8 @@ def render(res: dict) -> str:
         w(render_codec(res["codec"]))
     if res.get("latency"):
         w(render_first_audio(res["latency"]))
+    if res.get("stages"):
+        w(render_stages(res["stages"]))
 
     # -- machine limits -------------------------------------------------------------------
     L = res.get("machine_limits", {})
@@ -153,7 +156,7 @@ def render(res: dict) -> str:
 
 
 ONLY_RENDERERS = {"busy": render_busy, "memory": render_memory, "overlap": render_overlap, "codec": render_codec,
-                  "latency": render_first_audio}
+                  "latency": render_first_audio, "stages": render_stages}
 """`--only NAME` -> the renderer of its section"""
 
 

@@ -1,0 +1,60 @@
+"""The *Stage runtimes* section: the code predictor and the codec on ONNX Runtime and on llama.cpp's graphs."""
+
+from __future__ import annotations
+
+from bench.common import median
+from bench.report.format import _block_origin
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def render_stages(block: dict, standalone: bool = False) -> str:
+    """The "Stage runtimes" section (also spliced alone into an existing report by `--only stages`)."""
+    out: list[str] = []
+    w = out.append
+    w("## Stage runtimes\n")
+    shapes = block.get("shapes") or {}
+    first = next(iter(shapes.values()), {})
+    w(_block_origin(block, "stages", standalone) + f": {first.get('threads', 2)} threads, {first.get('frames')} "
+      "random frames per stream (random talker states into the code predictor; random codes into the codec, "
+      f"decoded in the engine's chunks {' + '.join(map(str, first.get('chunks', [])))}), "
+      f"{first.get('rounds')} rounds with the variants alternating, one process per shape "
+      "(`bench/stage_runtimes.py`). Eight streams: the ONNX code predictor decodes them in one batched call a "
+      "step; llama.cpp's `code_gen` takes one stream a call. *Loaded*: resident memory its file added when it was "
+      "loaded (each variant loads its own copy; llama.cpp's file holds both stages, so its figure counts both). "
+      "*Agreement*: against the fp32 ONNX graph: greedy codes equal on the same states (code predictor), SNR of the "
+      "audio (codec). Random weights: speed does not depend on them; agreement must be measured again on real "
+      "checkpoints.\n")
+    if not shapes:
+        w(f"**Not measured**: {block.get('error', 'no shape ran')}.\n")
+        return "\n".join(out) + "\n"
+    for shape, res in shapes.items():
+        w(f"**{shape}**\n")
+        variants = res.get("variants") or {}
+        if "error" in res or not variants:
+            w(f"Not measured: {res.get('error', 'no variant ran')}.\n")
+            continue
+        w("| stage | runtime | precision | ms per frame, 1 stream | ms per frame, 8 streams | loaded, MiB | agreement "
+          "| background |")
+        w("|---|---|---|---|---|---|---|---|")
+        for name, v in variants.items():
+            if "error" in v:
+                w(f"| {v['stage']} | {v['runtime']} | {v['precision']} | cannot run: {v['error']} | | | | |")
+                continue
+            agreement = ("the reference" if v.get("reference") else
+                         f"{100 * v['codes_equal']:.1f} % codes equal" if "codes_equal" in v
+                         else "–" if v.get("snr_db") is None else f"SNR {v['snr_db']:.1f} dB")
+            background = median(v.get("background", []))
+            eight = _ms(v.get("median_ms_8"))
+            if v.get("median_ms_8") is None and v.get("median_ms_1") is not None:
+                eight = f"{v['median_ms_1']:.1f} (one stream a call: not timed)"
+            w(f"| {v['stage']} | {v['runtime']} | {v['precision']} | {_ms(v.get('median_ms_1'))} | "
+              f"{eight} | {v.get('loaded_mb', 0):.0f} | {agreement} | "
+              f"{'–' if background is None else f'{100 * background:.0f} %'} |")
+        w("")
+    w("On a CPU each stage keeps ONNX Runtime by default (`--cp-runtime auto`, `--codec-runtime auto`): llama.cpp's "
+      "graphs are for a GPU that ONNX Runtime cannot reach (Vulkan; docs/gpu.md), and its codec decodes a whole "
+      "72-frame window on every call.\n")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,170 @@
+"""The code predictor and the codec on each runtime a CPU can use: ONNX Runtime's graphs and llama.cpp's own
+Qwen3-TTS graphs (`--cp-runtime`, `--codec-runtime`; docs/gpu.md), side by side in one process, rounds
+alternating their order.
+
+Per stage and runtime: ms per frame for one stream and for eight (the ONNX code predictor decodes the eight
+in one batched call; llama.cpp's `code_gen` takes one stream a call, so eight are eight calls; the codec
+follows the engine's chunk ramp, 1-2-4-8-8..., one state per stream), the resident memory its file added
+when it was loaded, and its agreement with the fp32 ONNX graph: greedy codes equal (code predictor, on
+the same talker states) and the SNR of the audio (codec). Random weights: speed does not depend on them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from bench.codec_precision import snr_db
+from bench.common import Meter, median, rss_mb, wait_for_quiet
+
+CHUNK_RAMP = (1, 2, 4, 8)
+STREAMS = (1, 8)
+
+
+def _chunks(frames: int) -> list[int]:
+    """The engine's chunk sizes for an utterance of `frames` frames (chunking.ChunkPlan's ramp)."""
+    sizes, at = [], 0
+    while at < frames:
+        sizes.append(min(CHUNK_RAMP[min(len(sizes), len(CHUNK_RAMP) - 1)], frames - at))
+        at += sizes[-1]
+    return sizes
+
+
+def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threads: int, hidden_size: int):
+    """(stage object, the llama.cpp context to close or None)."""
+    from qwen3_tts_gguf.model.manifest import CODEC_FILE, load_manifest
+
+    if runtime == "onnxruntime":
+        if kind == "predictor":
+            from qwen3_tts_gguf.model.loaded import predictor_file
+            from qwen3_tts_gguf.model.predictor import CodePredictor
+
+            return CodePredictor(folder / predictor_file(load_manifest(folder)), threads=threads), None
+        from qwen3_tts_gguf.model.codec import CodecDecoder
+
+        return CodecDecoder(folder / CODEC_FILE, threads=threads), None
+    from qwen3_tts_gguf.model.llama_stages import LlamaCodec, LlamaCodePredictor, LlamaStages
+
+    stages = LlamaStages(stages_file, threads=threads)
+    return (LlamaCodePredictor(stages, hidden_size) if kind == "predictor" else LlamaCodec(stages)), stages
+
+
+def _predict(predictor, hidden: np.ndarray, code0: np.ndarray, greedy: bool, rngs: list | None = None) -> np.ndarray:
+    from qwen3_tts_gguf.model.sampler import SamplingParams
+
+    rngs = rngs or [np.random.default_rng(k) for k in range(len(hidden))]
+    return predictor.predict(hidden, code0, SamplingParams(greedy=greedy), rngs=rngs).codes
+
+
+def _time_predictor(predictor, hidden: np.ndarray, code0: np.ndarray, streams: int) -> float:
+    """ms per frame: each step one call of `streams` streams (sampled, the default settings; each stream's
+    generator goes on from step to step, as an engine stream's does)."""
+    steps = len(hidden) // streams
+    rngs = [np.random.default_rng(k) for k in range(streams)]
+    t0 = time.perf_counter()
+    for s in range(steps):
+        _predict(predictor, hidden[s * streams:(s + 1) * streams], code0[s * streams:(s + 1) * streams], False, rngs)
+    return 1000 * (time.perf_counter() - t0) / (steps * streams)
+
+
+def _loaded_mb(variant: dict, threads: int, hidden_size: int) -> float:
+    """Resident memory the variant's file adds when it is loaded, in a fresh process (a heap that other
+    variants freed into would hide it)."""
+    before = rss_mb()
+    obj, closer = _load(variant["stage"], variant["runtime"], Path(variant["folder"]),
+                        variant.get("stages_file") and Path(variant["stages_file"]), threads, hidden_size)
+    grown = rss_mb() - before
+    if closer is not None:
+        closer.close()
+    del obj
+    return grown
+
+
+def _time_codec(codec, codes: np.ndarray, streams: int) -> tuple[float, np.ndarray]:
+    """ms per frame of `streams` streams decoding `codes` along the chunk ramp, interleaved; stream 0's audio."""
+    states, parts, at = [None] * streams, [], 0
+    t0 = time.perf_counter()
+    for size in _chunks(len(codes)):
+        for k in range(streams):
+            wav, states[k] = codec.decode(codes[at:at + size], states[k])
+            if k == 0:
+                parts.append(wav)
+        at += size
+    return 1000 * (time.perf_counter() - t0) / (len(codes) * streams), np.concatenate(parts)
+
+
+SEQUENTIAL_CODEC = "llama"
+"""The runtime whose codec serves one stream a call, each call a whole 72-frame window: eight streams are eight
+times one stream's calls, one after another (llama_stages.py), so that case is not timed (minutes a round)."""
+
+
+def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 2, quiet_s: float = 0.0,
+            progress=None) -> dict:
+    """`variants`: {"name", "stage" (predictor | codec), "runtime" (onnxruntime | llama), "folder", "stages_file",
+    "precision"}; the first of each stage is its reference (fp32 ONNX). Returns every variant's figures."""
+    from qwen3_tts_gguf.model.manifest import load_manifest
+
+    manifest = load_manifest(Path(variants[0]["folder"]))
+    hidden_size = int(manifest.talker["hidden_size"])
+    rng = np.random.default_rng(0)
+    steps = frames * max(STREAMS)
+    hidden = rng.standard_normal((steps, hidden_size)).astype(np.float32)
+    code0 = rng.integers(0, 2048, steps)
+    codes = rng.integers(0, 2048, (frames, 16))
+    out: dict = {"frames": frames, "threads": threads, "rounds": rounds, "streams": list(STREAMS),
+                 "chunks": _chunks(frames), "hidden_size": hidden_size, "variants": {}}
+    loaded, closers, reference = {}, [], {}
+    try:
+        for v in variants:
+            name, stage = v["name"], v["stage"]
+            entry = out["variants"][name] = {k: v[k] for k in ("stage", "runtime", "precision")}
+            entry.update({f"ms_per_frame_{n}": [] for n in STREAMS} | {"background": []})
+            if progress:
+                progress(f"stage runtimes: loading {name}")
+            try:
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    entry["loaded_mb"] = pool.submit(_loaded_mb, v, threads, hidden_size).result()
+                obj, closer = _load(stage, v["runtime"], Path(v["folder"]), v.get("stages_file") and Path(v["stages_file"]),
+                                    threads, hidden_size)
+            except Exception as e:  # a runtime that cannot load here is reported, not fatal
+                entry["error"] = f"{type(e).__name__}: {e}"[:300]
+                continue
+            if closer is not None:
+                closers.append(closer)
+            loaded[name] = obj
+            # agreement (and the warm-up): greedy codes on the same states; the codec's whole audio
+            got = (_predict(obj, hidden[:frames], code0[:frames], True) if stage == "predictor"
+                   else _time_codec(obj, codes, 1)[1])
+            if stage not in reference:
+                reference[stage], entry["reference"] = got, True
+            elif stage == "predictor":
+                entry["codes_equal"] = float(np.mean(got == reference[stage]))
+            else:
+                entry["snr_db"] = snr_db(got, reference[stage])
+        for r in range(rounds):
+            for name, obj in list(loaded.items())[::1 if r % 2 == 0 else -1]:
+                entry = out["variants"][name]
+                for n in STREAMS:
+                    if n > 1 and entry["stage"] == "codec" and entry["runtime"] == SEQUENTIAL_CODEC:
+                        continue
+                    if progress:
+                        progress(f"stage runtimes: round {r + 1}/{rounds}, {name}, {n} stream(s)")
+                    wait_for_quiet(quiet_s)
+                    with Meter() as m:
+                        if entry["stage"] == "predictor":
+                            ms = _time_predictor(obj, hidden[:frames * n], code0[:frames * n], n)
+                        else:
+                            ms, _ = _time_codec(obj, codes, n)
+                    entry[f"ms_per_frame_{n}"].append(ms)
+                    entry["background"].append(m.background)
+    finally:
+        for closer in closers:
+            closer.close()
+    for entry in out["variants"].values():
+        for n in STREAMS:
+            entry[f"median_ms_{n}"] = median(entry[f"ms_per_frame_{n}"])
+    return out
