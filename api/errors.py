@@ -8,7 +8,8 @@ that is not UTF-8 is 400 `invalid_json`; one sent as something else than JSON (r
 same: `api/ops/middleware.read_as_json`) that is not JSON says what to send. A wrong method is 405
 with the path's `Allow`, also where the web console's mount at `/` would have answered 404 or its own 405.
 On ElevenLabs' speech and dialogue routes the body also carries ElevenLabs' own `"detail": {"status",
-"message"}` (`status`: the envelope's code), so clients written for either shape read it.
+"message"}` (`status`: the envelope's code), so clients written for either shape read it (`error_response`; the
+middleware's refusals too: a missing key, a body too large or too slow).
 
 Retry semantics for the OpenAI SDK (it retries 408/409/429/5xx twice by default), decided here
 and nowhere else:
@@ -158,12 +159,13 @@ ELEVENLABS_SPEECH_PATHS = re.compile(r"^(/elevenlabs)?/v1/text-to-(speech|dialog
 """ElevenLabs' speech and dialogue routes: their errors also carry ElevenLabs' `detail` (`APIError.response`)."""
 
 
-def _answer(request: Request, error: APIError) -> JSONResponse:
-    return error.response(elevenlabs=bool(ELEVENLABS_SPEECH_PATHS.match(get_route_path(request.scope))))
+def error_response(scope: Mapping[str, Any], error: APIError) -> JSONResponse:
+    """`error`'s response to the request of `scope`: with ElevenLabs' `detail` on its speech and dialogue routes."""
+    return error.response(elevenlabs=bool(ELEVENLABS_SPEECH_PATHS.match(get_route_path(scope))))
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-    return _answer(request, exc)
+    return error_response(request.scope, exc)
 
 
 SENT_CONTENT_TYPE = "sent_content_type"
@@ -181,7 +183,7 @@ def _body_not_json(request: Request, error: APIError) -> APIError:
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return _answer(request, _body_not_json(request, validation_error(exc)))
+    return error_response(request.scope, _body_not_json(request, validation_error(exc)))
 
 
 API_PREFIXES = ("/v1/", "/v2/", "/audio/", "/elevenlabs/", "/dev/")
@@ -221,18 +223,19 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     if exc.status_code in (404, 405):
         allowed = allowed_methods(request)
         if allowed and request.method not in allowed:
-            return method_not_allowed(request.method, allowed).response()
+            return error_response(request.scope, method_not_allowed(request.method, allowed))
         if not allowed and get_route_path(request.scope).startswith(API_PREFIXES):  # the console's mount said 405
-            return APIError(f"No API route at {request.url.path}.", status_code=404, code="not_found").response()
+            return error_response(request.scope, APIError(f"No API route at {request.url.path}.", status_code=404,
+                                                   code="not_found"))
     if exc.status_code == 400 and exc.detail == _BODY_PARSE_ERROR:
         # json.loads raised something other than a syntax error: bytes that are not UTF-8, a number
         # past Python's digit limit, nesting past the recursion limit
         reason = "it is not UTF-8 text" if isinstance(exc.__cause__, UnicodeDecodeError) else "it cannot be parsed"
-        return _body_not_json(request, invalid_request(f"The request body is not valid JSON ({reason}).",
-                                                       code="invalid_json")).response()
+        return error_response(request.scope, _body_not_json(request, invalid_request(
+            f"The request body is not valid JSON ({reason}).", code="invalid_json")))
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code)
-    return APIError(message, status_code=exc.status_code, code=code, headers=exc.headers).response()
+    return error_response(request.scope, APIError(message, status_code=exc.status_code, code=code, headers=exc.headers))
 
 
 async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:

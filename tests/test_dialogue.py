@@ -211,6 +211,20 @@ def test_refusals_in_the_envelope_and_elevenlabs_detail(small, body, query, stat
     assert answer["detail"] == {"status": error["code"], "message": error["message"]}
 
 
+@pytest.mark.parametrize("headers, body, status, code", [
+    ({}, {"inputs": TWO}, 401, "invalid_api_key"),  # the middleware's refusals carry it too
+    ({"xi-api-key": KEY}, {"inputs": [{"text": "x" * (1 << 20), "voice_id": "ryan"}]}, 413, "payload_too_large"),
+])
+def test_the_middlewares_refusals_carry_elevenlabs_detail_too(small, headers, body, status, code):
+    for path in ("/v1/text-to-dialogue", "/elevenlabs/v1/text-to-speech/ryan"):
+        response = httpx.post(f"{small.url}{path}", headers=headers, json=body, timeout=TIMEOUT)
+        answer = response.json()
+        assert response.status_code == status and answer["error"]["code"] == code, answer
+        assert answer["detail"] == {"status": code, "message": answer["error"]["message"]}
+    assert "detail" not in httpx.post(f"{small.url}/v1/audio/speech", headers=headers, json=body,
+                                      timeout=TIMEOUT).json()  # OpenAI's routes: the envelope alone
+
+
 def test_the_sdk_sees_the_refusal_and_what_is_ignored_is_named(small):
     with pytest.raises(ApiError) as refused:
         three = [("One.", "ryan"), ("Two.", "vivian"), ("Three.", "serena")]  # two voices allowed

@@ -30,6 +30,7 @@ from api.errors import (
     SENT_CONTENT_TYPE,
     SERVER_ERROR,
     APIError,
+    error_response,
     invalid_request,
     payload_too_large,
     unauthorized,
@@ -87,7 +88,7 @@ class APIKeyMiddleware:
             if not key_matches(self.api_key, token):
                 message = ("You didn't provide an API key: send 'Authorization: Bearer <key>'." if token is None
                            else "Incorrect API key provided.")
-                await unauthorized(message).response()(scope, receive, send)
+                await error_response(scope, unauthorized(message))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -224,12 +225,12 @@ class BodyLimits:
             error = invalid_request("A request may not carry both Content-Length and Transfer-Encoding.",
                                     code="invalid_http")
             error.headers.update(_CLOSE)
-            await error.response()(scope, receive, send)
+            await error_response(scope, error)(scope, receive, send)
             return
         if length.isdigit() and int(length) > limit:
             if int(length) <= DRAIN_BYTES:
                 await _discard_body(receive, deadline - loop.time())
-            await body_too_large(limit).response()(scope, receive, send)
+            await error_response(scope, body_too_large(limit))(scope, receive, send)
             return
         received = 0
         body_done = False
@@ -238,7 +239,7 @@ class BodyLimits:
         async def answer(error: APIError) -> Message:
             nonlocal answered
             if not answered and not started:
-                await error.response()(scope, receive, send)
+                await error_response(scope, error)(scope, receive, send)
             answered = True
             return {"type": "http.disconnect"}
 
