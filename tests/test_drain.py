@@ -24,6 +24,12 @@ from tests.waiting import wait_until
 TEXT = "Hello there, this is a long stream that must survive a rolling update of the server."
 SPEECH = {"model": "tts-1", "input": TEXT, "voice": "alloy", "response_format": "pcm", "seed": 7, "max_frames": 48}
 LIVE = {"type": "start", "voice": "alloy", "format": "pcm", "seed": 7, "max_frames": 24}
+DIALOGUE = {"inputs": [{"text": "Hi there.", "voice_id": "ryan"}, {"text": "Hello!", "voice_id": "vivian"},
+                       {"text": "Bye now.", "voice_id": "ryan"}], "seed": 7}
+"""Three lines: a dialogue holds two lines' streams at most, so its third starts once its first has ended,
+which here comes after the signal (each line runs to its frame budget, 66 frames: random weights say no end
+of speech, and the signal goes at the first audio)."""
+DIALOGUE_ROUTE = "/v1/text-to-dialogue/stream?output_format=pcm_24000"
 TIMEOUT_S = 60.0
 
 
@@ -88,13 +94,15 @@ def test_sigterm_drains_streams_in_flight_refuses_new_work_and_exits_0(serve):
     with serve("--drain-timeout-s", "300") as server, httpx.Client(base_url=server.url, timeout=TIMEOUT_S) as http:
         speech_alone = http.post("/v1/audio/speech", json=SPEECH).content
         assert len(speech_alone) == SPEECH["max_frames"] * 1920 * 2
+        dialogue_alone = http.post(DIALOGUE_ROUTE, json=DIALOGUE).content
         live_reference = live_alone(server)
 
         with open_ws(server) as live, open_ws(server) as idle, \
-                http.stream("POST", "/v1/audio/speech", json=SPEECH) as in_flight:
+                http.stream("POST", "/v1/audio/speech", json=SPEECH) as in_flight, \
+                http.stream("POST", DIALOGUE_ROUTE, json=DIALOGUE) as dialogue:
             start_live(live)  # in flight until it gets `stop`: holds the drain open
-            pieces = in_flight.iter_bytes()
-            first = next(pieces)
+            pieces, lines = in_flight.iter_bytes(), dialogue.iter_bytes()
+            first, first_line = next(pieces), next(lines)
             server.signal(signal.SIGTERM)
 
             wait_until(lambda: server.ready_status() == 503, "/ready to say 503")
@@ -112,6 +120,7 @@ def test_sigterm_drains_streams_in_flight_refuses_new_work_and_exits_0(serve):
             assert event(idle)["error"]["code"] == "unavailable"
 
             assert first + b"".join(pieces) == speech_alone  # the HTTP stream in flight, intact
+            assert first_line + b"".join(lines) == dialogue_alone  # a dialogue too: its later lines still start
             live.send(json.dumps({"type": "stop"}))
             audio, done = until_done(live)
             assert audio == live_reference and done["finish_reason"] != "cancelled"  # the utterance, intact
