@@ -207,7 +207,9 @@ def test_a_dialogue_plays_as_it_streams_and_is_what_the_route_sends(page, server
     page.fill("#dlg-script", "Ryan: Hi there.\nserena: Hello, Ryan!")  # a voice's name in any case
     page.fill("#dlg-seed", "7")
     page.click("#dlg-play")
-    page.wait_for_function("window.__qtts.requests.at(-1)?.finish !== 'running'", timeout=60_000)
+    # (the request is listed only once the voices are read again: until then the last request is none, or another's)
+    page.wait_for_function("(r => r?.mode === 'dialogue' && r.finish !== 'running')(window.__qtts.requests.at(-1))",
+                           timeout=60_000)
     request = qtts(page, "q.requests.at(-1)")
     assert page.locator("#dlg-error").is_hidden(), page.inner_text("#dlg-error")
     assert (request["mode"], request["finish"], request["voice"]) == ("dialogue", "complete", "ryan, serena")
