@@ -21,15 +21,17 @@ import numpy as np
 from bench.codec_precision import snr_db
 from bench.common import Meter, median, rss_mb, wait_for_quiet
 
-CHUNK_RAMP = (1, 2, 4, 8)
 STREAMS = (1, 8)
 
 
 def _chunks(frames: int) -> list[int]:
-    """The engine's chunk sizes for an utterance of `frames` frames (chunking.ChunkPlan's ramp)."""
+    """The engine's chunk sizes for an utterance of `frames` frames (its default ramp, chunking.ChunkPlan)."""
+    from qwen3_tts_gguf.model.loaded import EngineSettings
+
+    ramp = EngineSettings.chunk_frames
     sizes, at = [], 0
     while at < frames:
-        sizes.append(min(CHUNK_RAMP[min(len(sizes), len(CHUNK_RAMP) - 1)], frames - at))
+        sizes.append(min(ramp[min(len(sizes), len(ramp) - 1)], frames - at))
         at += sizes[-1]
     return sizes
 

@@ -15,10 +15,6 @@ import shutil
 import struct
 from pathlib import Path
 
-try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover
-    import httpx
 import pytest
 
 from qwen3_tts_gguf.model.loaded import EngineSettings
@@ -29,6 +25,7 @@ from tests.server_fixtures import server_fixtures
 from tests.test_env_config import gauge
 from tests.test_webui import ROOT, SAMPLES_PER_FRAME, WAIT_MS, console_with_key, qtts
 from tests.waiting import wait_until
+from tests.ws_helpers import httpx
 
 pytest.importorskip("playwright.sync_api")
 

@@ -74,7 +74,8 @@ class Iteration:
                 act.text.frame_made(act.segment_frames)
                 act.chunks.frame_made(self.clock())
                 limit, reason = self._frame_limit(act)
-                loop = act.guard.check(act.text.segment_text(), self._segment_code0(act))
+                loop = act.guard.check(act.text.segment_text(), act.segment_frames,
+                                       lambda start, act=act: self._segment_code0(act, start))
                 if loop is not None:
                     replay = self._runaway_loop(act, loop)
                     if replay is not None:  # retried: the row before the frames kept is decoded again
@@ -250,8 +251,9 @@ class Iteration:
         return True
 
     @staticmethod
-    def _segment_code0(act: ActiveStream) -> np.ndarray:
-        n = act.segment_frames
+    def _segment_code0(act: ActiveStream, start: int) -> np.ndarray:
+        """Codebook 0 of the current segment's frames from its frame `start` on."""
+        n = act.segment_frames - start
         return np.fromiter((f[0] for f in act.codes[len(act.codes) - n:]), np.int64, n)
 
     def _runaway_event(self, act: ActiveStream, kind: str, action: str, period: int = 0) -> None:

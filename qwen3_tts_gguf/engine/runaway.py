@@ -18,6 +18,7 @@ says what is detected and what is not.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,17 +110,19 @@ class RunawayGuard:
     since: int = 0  # segment frames before this are not searched
     _repeats: tuple[str, int] = ("", 1)  # (text, text_repeats) of the last count
 
-    def check(self, text: str, code0: np.ndarray) -> Loop | None:
-        """A loop at the end of the current segment's codebook 0 (`code0`, all its frames), or None.
-        The text is read only when a loop of three occurrences is there (a live text grows)."""
-        if self.action == "off" or len(code0) - self.since < LOOP_MIN_FRAMES:
+    def check(self, text: str, frames: int, code0: Callable[[int], np.ndarray]) -> Loop | None:
+        """A loop at the end of the current segment (`frames` frames made; `code0(start)`: its codebook 0 from
+        frame `start` on, asked for only when there is enough to judge), or None. The text's repeats are
+        counted only when a loop of three occurrences is there (a live text grows)."""
+        if self.action == "off" or frames - self.since < LOOP_MIN_FRAMES:
             return None
-        found = find_loop(code0[self.since:])
+        recent = code0(self.since)
+        found = find_loop(recent)
         if found is not None:
             if self._repeats[0] != text:
                 self._repeats = (text, text_repeats(text))
             if self._repeats[1] > 1:
-                found = find_loop(code0[self.since:], self._repeats[1] + 2)
+                found = find_loop(recent, self._repeats[1] + 2)
         return None if found is None else Loop(found.period, found.start + self.since)
 
     def next_segment(self) -> None:
