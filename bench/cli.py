@@ -10,6 +10,8 @@ stress-ng loads, ours and official side by side), merged into the latest saved f
 `python -m bench --only latency`: only the time to first audio of the configurations a user can choose.
 `python -m bench --only stages [--shapes 0.6b,1.7b]`: only the code predictor and the codec on ONNX Runtime and on
 llama.cpp's graphs (ms per frame for one stream and eight, memory, agreement).
+`python -m bench --only peers [--shapes 0.6b,1.7b]`: only the peer engines on PyPI (qwentts.cpp, vox-tts; each in a
+venv of its own under bench/cache/) beside ours on the same checkpoint: RTF, first audio, peak RSS.
 
 `python -m bench soak [--minutes 30] [--model DIR] ...`: the server under mixed load (bench/soak/).
 """
@@ -97,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
                         "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
                         "min), then the 1.7B model with the default KV cache (unless --shapes 0.6b; its first run "
-                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time to first audio for the configurations a user can choose, side by side (about 2 min, and about 2 min for each model it has to convert); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
+                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time to first audio for the configurations a user can choose, side by side (about 2 min, and about 2 min for each model it has to convert); stages, the code predictor and the codec on each runtime; peers, the peer engines on PyPI beside ours (its first run installs each peer into a venv under bench/cache/ and converts the checkpoint for it); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -155,7 +157,7 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (5 if plan["memory"] else 0)
+    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (6 if plan["memory"] else 0)
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -317,6 +319,9 @@ def run(args) -> dict:
             step("stage runtimes")
             results["stages"] = _stage_runtimes(progress, threads, plan["shapes"], plan["quiet_s"])
             bar.update()
+            step("peer engines")
+            results["peers"] = _peers(progress, step, threads, plan["shapes"], plan["quiet_s"])
+            bar.update()
         # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
         step("machine limits (again)")
         if budget.allows("machine limits, second measurement", 20):
@@ -461,13 +466,20 @@ def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -
     return out
 
 
+def _peers(progress, step, threads: int, shapes: list[str], quiet_s: float) -> dict:
+    """The peers block (bench/pipelines/peers.py): ours and the peer engines on PyPI, side by side, per shape."""
+    from bench.pipelines import peers
+
+    return peers.measure(progress, threads, shapes, quiet_s, step=step)
+
+
 STAGE_ROUNDS = 2
 MEMORY_FRAMES = 24  # frames per stream of the memory block's eight streams
 OVERLAP_FRAMES, OVERLAP_ROUNDS = MODES["full"]["frames"], 5  # utterances as long as the one-stream table's
 CODEC_ROUNDS = 5
 ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory", "overlap": "## Codec overlap",
                "codec": "## Codec precision", "latency": "## Time to first audio per configuration",
-               "stages": "## Stage runtimes"}
+               "stages": "## Stage runtimes", "peers": "## Peer engines"}
 """--only NAME -> its section of the report"""
 
 
@@ -496,6 +508,8 @@ def run_only(args) -> dict:
             block = _first_audio(progress, plan["threads"][0], plan["quiet_s"])
         elif args.only == "stages":
             block = _stage_runtimes(progress, plan["threads"][0], plan["shapes"], plan["quiet_s"])
+        elif args.only == "peers":
+            block = _peers(progress, step, plan["threads"][0], plan["shapes"], plan["quiet_s"])
         else:
             block = _overlap(plan["threads"][0], plan["quiet_s"])
         bar.update()

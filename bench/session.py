@@ -61,12 +61,13 @@ class Session:
     """A `bench.worker session` process: one loaded model, operations on request."""
 
     def __init__(self, progress: Progress, label: str, kind: str, params: dict, timeout: float = 1800,
-                 env: dict | None = None):
+                 env: dict | None = None, python: str | None = None):
         self.label, self.timeout, self.progress = label, timeout, progress
         self.tail: list[str] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.worker", "session", kind, json.dumps(params)],
-                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1, env=child_env(env))
+        # python: another interpreter (a peer engine's venv, bench.pipelines.peers)
+        self.proc = subprocess.Popen([python or sys.executable, "-m", "bench.worker", "session", kind,
+                                      json.dumps(params)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, env=child_env(env))
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=progress.pump, args=(self.proc.stderr, self.tail), daemon=True).start()
         threading.Thread(target=self._read, daemon=True).start()

@@ -7,11 +7,11 @@ memory (resident memory per part, `bench/memory.py`), codec (the codec graph's p
 `bench/codec_precision.py`), stages (each stage on ONNX Runtime and on llama.cpp, `bench/stage_runtimes.py`)
 or http (the HTTP server).
 
-Sessions: `python -m bench.worker session ours|official PARAMS_JSON` loads a model once (in a session of
-its own at that autogroup nice when PARAMS has `autogroup_nice`), answers
-`{"ready": ...}`, then runs one operation per JSON line read from stdin (`{"op": "single",
-"rep": r}`, `{"op": "concurrency", "n": n}`, `{"op": "summary"}` which also ends it) and answers
-each with one JSON line. Results go to the original stdout; anything libraries print goes to
+Sessions: `python -m bench.worker session ours|official|peer PARAMS_JSON` loads a model once (in a session
+of its own at that autogroup nice when PARAMS has `autogroup_nice`), answers `{"ready": ...}`, then runs one
+operation per JSON line read from stdin (`{"op": "single", "rep": r}`, with `"frames": n` an utterance of n
+frames; `{"op": "concurrency", "n": n}`, `{"op": "summary"}` which also ends it) and answers each with one
+JSON line. Results go to the original stdout; anything libraries print goes to
 stderr. Sessions let the orchestrator interleave our runs with the official ones, so both see
 the same background load on a shared machine.
 """
@@ -120,6 +120,10 @@ def _session(kind: str, params: dict) -> int:
             from bench.pipelines.official import OfficialSession
 
             session = OfficialSession(progress=progress, **params)
+        elif kind == "peer":  # in the peer's own venv: nothing of the project's but bench/
+            from bench.pipelines.peers import PeerSession
+
+            session = PeerSession(progress=progress, **params)
         else:
             raise SystemExit(f"unknown session kind {kind!r}")
     except Exception as e:
@@ -131,7 +135,7 @@ def _session(kind: str, params: dict) -> int:
         op = json.loads(line)
         try:
             if op["op"] == "single":
-                send(session.single(op["rep"]))
+                send(session.single(op["rep"], **({"frames": op["frames"]} if "frames" in op else {})))
             elif op["op"] == "isolated":
                 send(session.isolated())
             elif op["op"] == "latency":

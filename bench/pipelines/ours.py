@@ -170,12 +170,13 @@ class OursSession:
         out.update(first_audio_s=first, samples=samples, done_s=time.perf_counter() - start, result=stream.result,
                    arrivals=arrivals)
 
-    def single(self, rep: int) -> dict:
+    def single(self, rep: int, frames: int | None = None) -> dict:
+        """One utterance of `frames` frames (default: the session's)."""
         self.progress(f"ours: run {rep + 1}")
         out = {}
         with Meter() as m:
             start = time.perf_counter()
-            self._consume(self.engine.submit(self._request(self.frames, rep + 1)), start, out)
+            self._consume(self.engine.submit(self._request(frames or self.frames, rep + 1)), start, out)
         calls = self.log.take()
         res, sr = out["result"], self.sr
         got, t = res.frames, res.timings

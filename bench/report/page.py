@@ -12,6 +12,7 @@ from bench.report.first_audio import render_first_audio
 from bench.report.format import _f, _ok
 from bench.report.memory import render_memory
 from bench.report.overlap import render_overlap
+from bench.report.peers import render_peers
 from bench.report.results import _limits, _probe_spread
 from bench.report.shape import _render_shape
 from bench.report.stages import render_stages
@@ -108,6 +109,8 @@ def render(res: dict) -> str:
         w(render_first_audio(res["latency"]))
     if res.get("stages"):
         w(render_stages(res["stages"]))
+    if res.get("peers"):
+        w(render_peers(res["peers"]))
 
     # -- machine limits -------------------------------------------------------------------
     L = res.get("machine_limits", {})
@@ -144,6 +147,7 @@ def render(res: dict) -> str:
       "python -m bench --only overlap   # ~8 min: the codec inline against overlapped, every way; --preset fast on OpenVINO\n"
       "python -m bench --only codec     # ~3 min: the codec graph in other precisions, speed and SNR\n"
       "python -m bench --only latency   # ~2 min: time to first audio of the configurations a user can choose\n"
+      "python -m bench --only peers --shapes 0.6b   # the peer engines on PyPI beside ours (installs them in venvs)\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
       "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
@@ -156,7 +160,7 @@ def render(res: dict) -> str:
 
 
 ONLY_RENDERERS = {"busy": render_busy, "memory": render_memory, "overlap": render_overlap, "codec": render_codec,
-                  "latency": render_first_audio, "stages": render_stages}
+                  "latency": render_first_audio, "stages": render_stages, "peers": render_peers}
 """`--only NAME` -> the renderer of its section"""
 
 
