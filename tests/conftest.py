@@ -53,7 +53,10 @@ def _share_identical_files(folder: Path) -> None:
             digest = digest or _sha256(path)
             if _sha256(other) == digest:
                 link = path.with_name(path.name + ".link")
-                os.link(other, link)
+                try:
+                    os.link(other, link)
+                except OSError:  # a file system without hard links: keep the copy
+                    return
                 os.replace(link, path)
                 break
 
