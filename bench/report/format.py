@@ -47,9 +47,14 @@ def _x(a, b, digits: int = 1) -> str:
     return f"{a / b:.{digits}f}×"
 
 
+def _share(values) -> str:
+    """The median of shares (0..1) as a percentage, or "–"."""
+    m = median(values)
+    return "–" if m is None else f"{100 * m:.0f} %"
+
+
 def _bg(runs) -> str:
-    v = _vals(runs, "background")
-    return "–" if not v else f"{100 * median(v):.0f} %"
+    return _share(_vals(runs, "background"))
 
 
 def _ok(r) -> bool:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from bench.common import median
-from bench.report.format import _block_origin, _f
+from bench.report.format import _best, _bg, _block_origin, _f, _med
 
 
-def _spread(values: list, digits: int) -> str:
-    """"median (best)" of `values` (lower is better), or "–"."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    return f"{_f(median(values), digits)} ({_f(min(values), digits)})"
+def _spread(runs: list[dict], key: str, digits: int) -> str:
+    """"median (best)" of `key` over `runs` (lower is better), or "–"."""
+    best = _best(runs, key)
+    return "–" if best is None else f"{_f(_med(runs, key), digits)} ({_f(best, digits)})"
 
 
 def _frames(runs: list[dict], key: str) -> str:
@@ -32,14 +29,12 @@ def engine_row(label: str, e: dict) -> str:
     runs = [r for r in e.get("runs") or [] if "error" not in r.get("long", {}) and "error" not in r.get("short", {})]
     failed = len(e.get("runs") or []) - len(runs)
     summary = e.get("summary") or {}
-    bg = [r[k].get("background") for r in runs for k in ("short", "long")]
-    bg = [b for b in bg if b is not None]
+    longs = [r["long"] for r in runs]
     note = f" ({failed} rounds failed)" if failed else ""
-    return (f"| {label}{note} | {e.get('format', '–')} | {_spread([r.get('rtf') for r in runs], 2)} | "
-            f"{_spread([r['long'].get('rtf') for r in runs], 2)} | "
-            f"{_spread([r['long'].get('first_audio_s') for r in runs], 3)} | "
+    return (f"| {label}{note} | {e.get('format', '–')} | {_spread(runs, 'rtf', 2)} | {_spread(longs, 'rtf', 2)} | "
+            f"{_spread(longs, 'first_audio_s', 3)} | "
             f"{_f(summary.get('peak_rss_mb'), 0)} | {_frames(runs, 'long')} / {_frames(runs, 'short')} | "
-            f"{'–' if not bg else f'{100 * median(bg):.0f} %'} |")
+            f"{_bg([r[k] for r in runs for k in ('short', 'long')])} |")
 
 
 def render_peers(block: dict, standalone: bool = False) -> str:

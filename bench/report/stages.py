@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from bench.common import median
-from bench.report.format import _block_origin
+from bench.report.format import _block_origin, _share
 
 
 def _ms(value: float | None) -> str:
@@ -46,13 +45,12 @@ def render_stages(block: dict, standalone: bool = False) -> str:
             agreement = ("the reference" if v.get("reference") else
                          f"{100 * v['codes_equal']:.1f} % codes equal" if "codes_equal" in v
                          else "–" if v.get("snr_db") is None else f"SNR {v['snr_db']:.1f} dB")
-            background = median(v.get("background", []))
             eight = _ms(v.get("median_ms_8"))
             if v.get("median_ms_8") is None and v.get("median_ms_1") is not None:
                 eight = f"{v['median_ms_1']:.1f} (one stream a call: not timed)"
             w(f"| {v['stage']} | {v['runtime']} | {v['precision']} | {_ms(v.get('median_ms_1'))} | "
               f"{eight} | {v.get('loaded_mb', 0):.0f} | {agreement} | "
-              f"{'–' if background is None else f'{100 * background:.0f} %'} |")
+              f"{_share(v.get('background', []))} |")
         w("")
     w("On a CPU each stage keeps ONNX Runtime by default (`--cp-runtime auto`, `--codec-runtime auto`): llama.cpp's "
       "graphs are for a GPU that ONNX Runtime cannot reach (Vulkan; docs/gpu.md), and its codec decodes a whole "
