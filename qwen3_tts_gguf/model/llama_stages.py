@@ -29,7 +29,6 @@ import ctypes
 import os
 import threading
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,7 +104,7 @@ class LlamaStages:
     def _call(self, inp, hidden_size: int = 0) -> tuple[np.ndarray, np.ndarray | bytes]:
         out = self._mtmd.mtmd_gen_out()
         code = inp.type == self._mtmd.MTMD_GEN_PROCESS_TYPE_GEN_CODE
-        with self._lock, (hold_devices(self._device_locks) if self._device_locks else nullcontext()):
+        with self._lock, hold_devices(self._device_locks):
             if not self._ctx:
                 raise LlamaStagesError("the llama stages are closed")
             # the context reseeds only when the seed changes: a frame whose seed equals the previous

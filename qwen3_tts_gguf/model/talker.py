@@ -13,7 +13,6 @@ to have no AMX and for a quant whose repacked kernels measured faster.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 from dataclasses import dataclass
@@ -275,12 +274,7 @@ class Talker:
         return np.stack(out_l), np.stack(out_h)
 
     def _run(self, n: int, pending, logits: np.ndarray, hidden: np.ndarray) -> None:
-        if self._device_locks:
-            from qwen3_tts_gguf.runtime.locks import hold_devices
-
-            with hold_devices(self._device_locks):  # decode and the read-back (which waits for the device)
-                self._run_unlocked(n, pending, logits, hidden)
-        else:
+        with self._devices():  # decode and the read-back (which waits for the device)
             self._run_unlocked(n, pending, logits, hidden)
 
     def _run_unlocked(self, n: int, pending, logits: np.ndarray, hidden: np.ndarray) -> None:
@@ -329,9 +323,8 @@ class Talker:
             raise TalkerError(f"llama.cpp could not load saved KV rows into sequence {seq}")
 
     def _devices(self):
-        """Held around a call that touches the KV cache's memory: this talker's GPU devices (none on a CPU)."""
-        if not self._device_locks:
-            return contextlib.nullcontext()
+        """Held around a call that runs the model or touches the KV cache's memory: this talker's GPU devices
+        (none on a CPU)."""
         from qwen3_tts_gguf.runtime.locks import hold_devices
 
         return hold_devices(self._device_locks)

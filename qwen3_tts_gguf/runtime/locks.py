@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 from qwen3_tts_gguf.runtime.devices import llama_runtime
 
@@ -52,9 +52,14 @@ def device_lock(name: str) -> DeviceLock:
         return _DEVICE_LOCKS.setdefault(name, DeviceLock(name))
 
 
+def hold_devices(locks: Sequence[DeviceLock]) -> AbstractContextManager[None]:
+    """Hold several device locks (a talker split over GPUs), always in name order (no deadlock); none (a
+    model on the CPU): nothing to hold, at no cost."""
+    return _hold_all(locks) if locks else nullcontext()
+
+
 @contextmanager
-def hold_devices(locks: Sequence[DeviceLock]) -> Iterator[None]:
-    """Hold several device locks (a talker split over GPUs), always in name order (no deadlock)."""
+def _hold_all(locks: Sequence[DeviceLock]) -> Iterator[None]:
     with ExitStack() as stack:
         for lock in sorted(locks, key=lambda d: d.name):
             stack.enter_context(lock.hold())
