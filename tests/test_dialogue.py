@@ -20,12 +20,13 @@ import numpy as np
 import pytest
 import soundfile
 
+from qwen3_tts_gguf.engine.request import SynthesisResult
 from qwen3_tts_gguf.model.loaded import EngineSettings
 
 from api import ServerConfig
 from api.limits import ServerLimits
 from api.ops.clients import Client, ClientLimiter
-from api.speaking.dialogue import LineChain, plan_dialogue
+from api.speaking.dialogue import DialogueLine, LineChain, _joined, plan_dialogue
 from api.speaking.start import start_stream
 from api.state import AppState
 from tests.server_fixtures import FixtureValue, registry_fixture, server_fixture, short_stream_registries
@@ -235,3 +236,12 @@ def test_the_sdk_sees_the_refusal_and_what_is_ignored_is_named(small):
                                                  "use_pvc_as_ivc": False})
     assert response.status_code == 200, response.text
     assert response.headers["x-qwen3tts-ignored-fields"] == "previous_text,use_pvc_as_ivc,settings.stability"
+
+
+def test_the_joined_result_keeps_every_lines_runaways():
+    loop = {"kind": "loop", "action": "retry", "segment": 0, "frame": 60, "period": 4}
+    budget = {"kind": "budget", "action": "end", "segment": 0, "frame": 90, "period": 0}
+    results = [SynthesisResult(10, 3, "eos", runaway=[loop]), SynthesisResult(20, 4, "budget", runaway=[budget])]
+    lines = [DialogueLine(0, "ryan", "Hello", None, 0), DialogueLine(1, "vivian", "there.", None, 5)]
+    joined = _joined(results, lines)
+    assert (joined.frames, joined.finish_reason, joined.runaway) == (30, "budget", [loop, budget])

@@ -223,4 +223,5 @@ def _joined(results: list[SynthesisResult], lines: list[DialogueLine]) -> Synthe
         frames=sum(r.frames for r in results), text_tokens=sum(r.text_tokens for r in results),
         finish_reason=last.finish_reason, error=last.error, retryable=last.retryable,
         progress=_moved(last.progress, lines[len(results) - 1]), text_chars=sum(r.text_chars for r in results),
-        normalized_chars=None if None in normalized else sum(normalized))
+        normalized_chars=None if None in normalized else sum(normalized),
+        runaway=[event for r in results for event in r.runaway])
