@@ -17,6 +17,7 @@ character is a word of its own (with the punctuation after it), as those scripts
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -164,7 +165,9 @@ def subtitles(words: list[TimedWord], text: str, kind: SubtitleFormat) -> str:
             flush()
     flush()
     if kind == "vtt":
-        blocks = [f"{_time(c.start_s, '.')} --> {_time(c.end_s, '.')}\n{_vtt_text(c.text)}" for c in cues]
+        # WebVTT's cue text escapes `&`, `<` and `>` as HTML does (so no "-->" either)
+        blocks = [f"{_time(c.start_s, '.')} --> {_time(c.end_s, '.')}\n{html.escape(c.text, quote=False)}"
+                  for c in cues]
         return "\n\n".join(["WEBVTT", *blocks]) + "\n"
     return "".join(f"{i}\n{_time(c.start_s, ',')} --> {_time(c.end_s, ',')}\n{c.text.translate(_SRT_TEXT)}\n\n"
                    for i, c in enumerate(cues, 1))
@@ -178,8 +181,3 @@ def _time(seconds: float, decimal: str) -> str:
 _SRT_TEXT = str.maketrans("<>{}", "\uff1c\uff1e\uff5b\uff5d")
 """SubRip has no escapes, and its players read `<...>` as tags and `{...}` as overrides: those characters are
 shown as their fullwidth forms (so no "-->" either)."""
-
-
-def _vtt_text(text: str) -> str:
-    """A cue's text as WebVTT's cue text takes it: `&`, `<` and `>` escaped (so no "-->" either)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
