@@ -1,0 +1,377 @@
+"""The streaming codec decoder on ggml: the graph of `convert/codec_graph.py` (same operations, same
+state, same weights, read from the model folder's codec file) on any ggml backend (CPU, Vulkan,
+CUDA, Metal), behind `model/codec.CodecDecoder`'s interface.
+
+One call decodes N new frames of B streams (`codes` [B, N, 16]) after their states and returns their
+samples and the next states: the work of a call is proportional to its frames (no window is decoded
+again), and chunked audio equals one whole decode up to fp32 rounding order. States are host arrays
+in `CodecState`'s layout, so the engine stacks and splits them as it does the ONNX codec's. Graphs
+are built once per (B, N) and kept (`max_graphs`); every graph of one decoder shares one activation
+buffer, sized by the largest.
+
+Where the graph differs in form from the ONNX one (results equal up to rounding):
+- the conv kernels are applied as im2col + one matrix product, in fp32 (ggml_conv_1d would round its
+  input to f16); the ConvNeXt depthwise convs as ggml_ssm_conv (a causal depthwise conv);
+- the Snake's sin^2 is ggml_sin squared (the ONNX graph's polynomial fits it within 1.1e-7);
+- RoPE's cos/sin tables and the sliding-window mask are computed on the host per call from `pos`, as
+  the ONNX graph computes them (fp32, torch's inv_freq), and rotate-half is a product with a fixed
+  +-1 matrix (exact).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
+from qwen3_tts_gguf.ggml.graph import Allocator, Backend, Graph, Ops, Weights
+from qwen3_tts_gguf.ggml.lib import TYPE_F32
+from qwen3_tts_gguf.model.codec import CodecState
+
+MAX_CALL_FRAMES = 16
+"""Frames (streams x frames) of one call at most; longer input is decoded in pieces, the state carried."""
+MAX_GRAPHS = 24
+"""Graphs (one per (streams, frames) shape) kept built; the least recently used goes first."""
+
+
+class GgmlCodecError(ValueError):
+    """A codec file this runtime cannot read (converted before the ggml codec existed)."""
+
+
+def _read_onnx(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    meta = {p.key: p.value for p in model.metadata_props}
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name.startswith("decoder.")}
+    return weights, meta
+
+
+class GgmlCodec:
+    """`CodecDecoder` on ggml. `backend`: where it runs (one backend may serve several stages)."""
+
+    runtime = "ggml"
+
+    def __init__(self, path: str | Path, backend: Backend, *, max_call_frames: int = MAX_CALL_FRAMES,
+                 max_graphs: int = MAX_GRAPHS):
+        raw, meta = _read_onnx(Path(path))
+        if "config" not in meta:
+            raise GgmlCodecError(f"{Path(path).name} was converted before the ggml codec existed; convert "
+                                 "the checkpoint again (or use --codec-runtime onnxruntime)")
+        conf = json.loads(meta["config"])
+        self.cfg = CodecDecoderConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in conf.items()})
+        self.state_specs = [(d["name"], tuple(d["shape"]), np.dtype(d["dtype"])) for d in json.loads(meta["states"])]
+        self.samples_per_frame = self.cfg.samples_per_frame
+        self.sample_rate = self.cfg.sample_rate
+        self.num_quantizers = self.cfg.num_quantizers
+        self.codebook_size = self.cfg.codebook_size
+        self.max_call_frames = max_call_frames
+        self.backend = backend
+        self.weights = Weights(backend, _device_weights(raw, self.cfg))
+        self.allocator = Allocator(backend)
+        self._graphs: OrderedDict[tuple[int, int], Graph] = OrderedDict()
+        self._max_graphs = max_graphs
+        hd = self.cfg.head_dim
+        exponents = np.arange(0, hd, 2).astype(np.float32) / np.float32(hd)
+        self._inv_freq = np.float32(1.0) / (np.float32(self.cfg.rope_theta) ** exponents)  # as torch (fp32)
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory held: weights and the activation buffer."""
+        return self.weights.nbytes + self.allocator.nbytes
+
+    def close(self) -> None:
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
+        self.allocator.close()
+        self.weights.close()
+
+    def new_state(self, batch: int = 1) -> CodecState:
+        return CodecState({name: np.zeros((batch, *shape), dtype) for name, shape, dtype in self.state_specs})
+
+    def decode(self, codes: np.ndarray, state: CodecState | None = None) -> tuple[np.ndarray, CodecState]:
+        """As `CodecDecoder.decode`: codes [B, N, 16] (or [N, 16]) after `state`; wav [B, N*spf] and the
+        new state (the given one is not modified)."""
+        codes = np.asarray(codes)
+        single = codes.ndim == 2
+        if single:
+            codes = codes[None]
+        if codes.ndim != 3 or codes.shape[2] != self.num_quantizers or codes.shape[1] < 1 or codes.shape[0] < 1:
+            raise ValueError(f"codes must be [B, N>=1, {self.num_quantizers}] or [N, {self.num_quantizers}], "
+                             f"got {list(codes.shape)}")
+        if codes.dtype.kind not in "iu":
+            raise ValueError(f"codes must be integers, got {codes.dtype}")
+        if codes.max() >= self.codebook_size:
+            raise ValueError(f"codes must be < {self.codebook_size}, got {int(codes.max())}")
+        state = state if state is not None else self.new_state(codes.shape[0])
+        if state.batch != codes.shape[0]:
+            raise ValueError(f"codes have {codes.shape[0]} streams but the state has {state.batch}")
+        step = max(1, self.max_call_frames // codes.shape[0])
+        parts = []
+        for start in range(0, codes.shape[1], step):
+            wav, state = self._run(codes[:, start:start + step], state)
+            parts.append(wav)
+        wav = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        return (wav[0] if single else wav), state
+
+    def decode_all(self, codes: np.ndarray) -> np.ndarray:
+        wav, _ = self.decode(codes)
+        return wav
+
+    # -- one call ----------------------------------------------------------------------------
+    def _graph(self, batch: int, frames: int) -> Graph:
+        key = (batch, frames)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = Graph(_CodecGraph(self.cfg, self.weights, self.state_specs, batch, frames).ops, self.allocator)
+            self._graphs[key] = graph
+            while len(self._graphs) > self._max_graphs:
+                self._graphs.popitem(last=False)[1].close()
+        self._graphs.move_to_end(key)
+        return graph
+
+    def _run(self, codes: np.ndarray, state: CodecState) -> tuple[np.ndarray, CodecState]:
+        batch, frames, _ = codes.shape
+        cfg = self.cfg
+        codes = np.maximum(codes, 0).astype(np.int32)  # padding (-1) counts as 0, as in the official wrapper
+        offsets = (np.arange(cfg.num_quantizers - 1, dtype=np.int32) * cfg.codebook_size)
+        pos = state.pos.astype(np.int64)
+        feeds = {"first": codes[:, :, 0].reshape(-1), "rest": (codes[:, :, 1:] + offsets).reshape(-1),
+                 **self._positions(pos, frames),
+                 **{f"in_{name}": array for name, array in state.tensors.items() if name != "pos"}}
+        out = self._graph(batch, frames).run(feeds)
+        new = {"pos": pos + frames, **{name: out[f"out_{name}"] for name, _, _ in self.state_specs if name != "pos"}}
+        return out["wav"], CodecState(new)
+
+    def _positions(self, pos: np.ndarray, frames: int) -> dict[str, np.ndarray]:
+        """RoPE tables [B, N, 1, hd] and the additive sliding-window mask [B, 1, N, W-1+N], as the ONNX
+        graph computes them (codec_graph.py, `positions`)."""
+        window = self.cfg.sliding_window
+        qpos = pos[:, None] + np.arange(frames)[None]  # [B, N]
+        kpos = pos[:, None] - (window - 1) + np.arange(window - 1 + frames)[None]  # [B, L]
+        q, k = qpos[:, :, None], kpos[:, None, :]
+        valid = (k >= 0) & (k <= q) & (k > q - window)
+        mask = np.where(valid, np.float32(0), np.float32(-np.inf))[:, None]
+        freqs = qpos.astype(np.float32)[:, :, None] * self._inv_freq
+        emb = np.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+        return {"cos": np.cos(emb), "sin": np.sin(emb), "mask": mask}
+
+
+def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict[str, np.ndarray]:
+    """The ONNX file's initializers in the forms the ggml graph multiplies by (numpy shapes; ggml's ne
+    reversed): matrices as [out, in], transposed convs' taps as [C_out*s, m*C_in], Snakes' alpha and
+    1/beta as [C, 1]."""
+    out = {}
+    for name, array in raw.items():
+        key = name.removeprefix("decoder.")
+        if key.endswith((".alpha_over_pi",)):
+            out[key.replace(".alpha_over_pi", ".alpha")] = (array.astype(np.float64) * math.pi).astype(
+                np.float32).reshape(-1, 1)
+        elif key.endswith(".beta_inv"):
+            out[key] = array.reshape(-1, 1)
+        elif key.endswith((".taps", "output_proj.weight_t")):
+            out[key] = np.ascontiguousarray(array.T)
+        elif array.ndim == 2 and not key.startswith("quantizer."):  # a linear layer's [in, out] (GraphBuilder.linear)
+            out[key] = np.ascontiguousarray(array.T)
+        elif key.endswith("dwconv.conv.weight"):  # [C, 1, k] -> ggml_ssm_conv's [C, k]
+            out[key] = array.reshape(array.shape[0], array.shape[2])
+        else:
+            out[key] = array
+    hd = cfg.head_dim
+    rotate = np.zeros((hd, hd), np.float32)  # rotate-half as a matrix: out[i] = -x[i + h] (i < h), x[i - h]
+    h = hd // 2
+    rotate[np.arange(h), np.arange(h) + h] = -1
+    rotate[np.arange(h) + h, np.arange(h)] = 1
+    out["rotate_half"] = rotate
+    return out
+
+
+class _CodecGraph:
+    """One (B, N) codec graph, written as `convert/codec_graph.py` writes the ONNX one. Activations are
+    [B, C, L] (time last) through the convolutions and [B, N, D] through the transformer."""
+
+    def __init__(self, cfg: CodecDecoderConfig, weights: Weights, specs, batch: int, frames: int):
+        self.cfg, self.w, self.B, self.N = cfg, weights, batch, frames
+        self.ops = o = Ops()
+        self.states = {name: o.input(f"in_{name}", (batch, *shape)) for name, shape, _ in specs if name != "pos"}
+        first = o.input("first", (batch * frames,), np.int32)
+        rest = o.input("rest", (batch * frames * (cfg.num_quantizers - 1),), np.int32)
+        hd, window = cfg.head_dim, cfg.sliding_window
+        self.cos = o.input("cos", (batch, frames, 1, hd))
+        self.sin = o.input("sin", (batch, frames, 1, hd))
+        self.mask = o.input("mask", (batch, 1, frames, window - 1 + frames))
+
+        z = self.dequantize(first, rest)  # [B, N, codebook_dim]
+        h = self.causal_conv(self.to_time_last(z), "pre_conv.conv", "pre_conv")
+        h = self.transformer(self.to_channel_last(h))
+        h = self.to_time_last(h)  # [B, latent, N]
+        for j, factor in enumerate(cfg.upsampling_ratios):
+            h = self.trans_conv(h, f"upsample.{j}.0.conv", factor, f"up{j}_tc")
+            h = self.convnext(h, f"upsample.{j}.1", f"up{j}_dw")
+        h = self.causal_conv(h, "decoder.0.conv", "dec0")
+        for n, rate in enumerate(cfg.upsample_rates):
+            h = self.decoder_block(h, n, rate)
+        last = len(cfg.upsample_rates) + 1
+        h = self.causal_conv(self.snake(h, f"decoder.{last}"), f"decoder.{last + 1}.conv", "final")
+        wav = o.clamp(h, -1.0, 1.0)  # [B, 1, N*spf]
+        o.output("wav", wav, (batch, frames * cfg.samples_per_frame))
+
+    # -- layout ----------------------------------------------------------------------------
+    def shape(self, t) -> tuple[int, ...]:
+        return tuple(reversed(list(t.contents.ne)))  # numpy order, 4 axes
+
+    def to_time_last(self, x):
+        """[B, L, C] -> [B, C, L] (contiguous)."""
+        return self.ops.cont(self.ops.permute(x, 1, 0, 2, 3))
+
+    to_channel_last = to_time_last  # the same swap of the two inner axes
+
+    def state_update(self, name: str, full, keep: int, axis_len: int) -> None:
+        """`out_<name>`: the last `keep` entries of `full` [B, C, L] along L."""
+        o = self.ops
+        ne = full.contents.ne
+        nb = full.contents.nb
+        view = o.view_3d(full, keep, ne[1], ne[2], nb[1], nb[2], (axis_len - keep) * nb[0])
+        o.output(f"out_{name}", o.cont(view), (self.B, ne[1], keep))
+
+    # -- pieces ----------------------------------------------------------------------------
+    def linear(self, x, prefix: str, bias: bool = True):
+        y = self.ops.mul_mat(self.w[prefix + ".weight"], x)
+        return self.ops.add(y, self.w[prefix + ".bias"]) if bias else y
+
+    def causal_conv(self, x, prefix: str, state: str | None, dilation: int = 1):
+        """Causal Conv1d on [B, C, L] (time last): the state's last (k-1)*d columns prepended, then im2col
+        and one fp32 product."""
+        o, weight = self.ops, self.w[prefix + ".weight"]  # numpy [C_out, C_in, k]
+        c_out, c_in, k = self.shape(weight)[1:]
+        hist = (k - 1) * dilation
+        length = self.shape(x)[3]
+        if hist:
+            x = o.concat(self.states[state], x, 0)
+            self.state_update(state, x, hist, length + hist)
+        cols = o.im2col(weight, x, 1, 0, 0, 0, dilation, 0, False, TYPE_F32)  # [B, L, C_in*k]
+        y = o.mul_mat(o.reshape_2d(cols, c_in * k, length * self.B), o.reshape_2d(weight, k * c_in, c_out))
+        y = o.reshape_3d(y, length, self.B, c_out)  # [C_out, B, L]
+        if self.B > 1:
+            y = o.cont(o.permute(y, 0, 2, 1, 3))  # [B, C_out, L]
+        else:
+            y = o.reshape_3d(y, length, c_out, 1)
+        return o.add(y, o.reshape_2d(self.w[prefix + ".bias"], 1, c_out))
+
+    def trans_conv(self, x, prefix: str, stride: int, state: str):
+        """Causal ConvTranspose1d (k = m*s) on [B, C_in, N]: one product of the m shifted input columns by
+        the taps (codec_graph.py, `trans_conv`) -> [B, C_out, N*s]."""
+        o = self.ops
+        taps = self.w[prefix + ".taps"]  # [C_out*s, m*C_in]
+        cs, mc = self.shape(taps)[2:]
+        c_in, n = self.shape(x)[2], self.shape(x)[3]
+        m = mc // c_in
+        if m > 1:
+            x = o.concat(self.states[state], x, 0)
+            self.state_update(state, x, m - 1, n + m - 1)
+        cols = self.to_channel_last(x)  # [B, n+m-1, C_in]
+        if m > 1:
+            nb = cols.contents.nb
+            shifted = [o.view_3d(cols, c_in, n, self.B, nb[1], nb[2], (m - 1 - i) * nb[1]) for i in range(m)]
+            cols = shifted[0]
+            for piece in shifted[1:]:
+                cols = o.concat(cols, piece, 0)
+        y = o.add(o.mul_mat(taps, cols), self.w[prefix + ".bias_taps"])  # [B, n, C_out*s]
+        c_out = cs // stride
+        y = o.cont(o.permute(o.reshape_4d(y, stride, c_out, n, self.B), 0, 2, 1, 3))  # [B, C_out, n, s]
+        return o.reshape_3d(y, n * stride, c_out, self.B)
+
+    def snake(self, x, prefix: str):
+        """SnakeBeta on [B, C, L]: x + 1/beta * sin(alpha*x)^2."""
+        o = self.ops
+        s = o.sin(o.mul(x, self.w[prefix + ".alpha"]))
+        return o.add(x, o.mul(o.sqr(s), self.w[prefix + ".beta_inv"]))
+
+    def dequantize(self, first, rest):
+        """RVQ lookup -> [B, N, codebook_dim]: the first table and the sum of the rest, each projected."""
+        o, q = self.ops, self.cfg.num_quantizers - 1
+        e_first = o.get_rows(self.w["quantizer.rvq_first.codebook"], first)  # [B*N, d]
+        e_rest = o.get_rows(self.w["quantizer.rvq_rest.codebooks"], rest)  # [B*N*q, d]
+        d = self.shape(e_rest)[3]
+        e_rest = o.reshape_3d(e_rest, d, q, self.B * self.N)
+        e_rest = o.reshape_2d(o.sum_rows(o.cont(o.permute(e_rest, 1, 0, 2, 3))), d, self.B * self.N)
+        z = o.add(o.mul_mat(self.w["quantizer.rvq_first.output_proj.weight_t"], e_first),
+                  o.mul_mat(self.w["quantizer.rvq_rest.output_proj.weight_t"], e_rest))
+        return o.reshape_3d(z, self.shape(z)[3], self.N, self.B)
+
+    def rope(self, x):
+        """x [B, N, H, hd] rotated by the host's tables (rotate-half as a product with a +-1 matrix)."""
+        o = self.ops
+        b, n, h, hd = self.shape(x)
+        rotated = o.reshape_4d(o.mul_mat(self.w["rotate_half"], o.reshape_2d(x, hd, h * n * b)), hd, h, n, b)
+        return o.add(o.mul(x, self.cos), o.mul(rotated, self.sin))
+
+    def attention(self, x, layer: int):
+        o, cfg = self.ops, self.cfg
+        p = f"pre_transformer.layers.{layer}.self_attn"
+        hd, heads, window = cfg.head_dim, cfg.num_heads, cfg.sliding_window
+        B, N = self.B, self.N
+
+        def heads_of(y):  # [B, N, h*hd] -> [B, N, h, hd]
+            return o.reshape_4d(y, hd, heads, N, B)
+
+        q = o.cont(o.permute(self.rope(heads_of(self.linear(x, p + ".q_proj", False))), 0, 2, 1, 3))  # [B, h, N, hd]
+        k = o.cont(o.permute(self.rope(heads_of(self.linear(x, p + ".k_proj", False))), 0, 2, 1, 3))
+        v = o.cont(o.permute(heads_of(self.linear(x, p + ".v_proj", False)), 0, 2, 1, 3))
+        full = []
+        for name, new in ((f"k{layer}", k), (f"v{layer}", v)):
+            cat = o.concat(self.states[name], new, 1)  # [B, h, W-1+N, hd]
+            ne, nb = cat.contents.ne, cat.contents.nb
+            view = o.view_4d(cat, hd, window - 1, heads, B, nb[1], nb[2], nb[3], N * nb[1])
+            o.output(f"out_{name}", o.cont(view), (B, heads, window - 1, hd))
+            full.append(cat)
+        scores = o.mul_mat(full[0], q)  # [B, h, N, L]
+        probs = o.soft_max_ext(scores, self.mask, hd ** -0.5, 0.0)
+        out = o.mul_mat(o.cont(o.transpose(full[1])), probs)  # [B, h, N, hd]
+        out = o.reshape_3d(o.cont(o.permute(out, 0, 2, 1, 3)), hd * heads, N, B)
+        return self.linear(out, p + ".o_proj", False)
+
+    def transformer(self, x):
+        """[B, N, latent] -> [B, N, latent]."""
+        o, cfg = self.ops, self.cfg
+        eps = cfg.rms_norm_eps
+        h = self.linear(x, "pre_transformer.input_proj")
+        for i in range(cfg.num_layers):
+            p = f"pre_transformer.layers.{i}"
+            a = self.attention(o.mul(o.rms_norm(h, eps), self.w[p + ".input_layernorm.weight"]), i)
+            h = o.add(h, o.mul(a, self.w[p + ".self_attn_layer_scale.scale"]))
+            m = o.mul(o.rms_norm(h, eps), self.w[p + ".post_attention_layernorm.weight"])
+            m = o.mul(o.silu(self.linear(m, p + ".mlp.gate_proj", False)), self.linear(m, p + ".mlp.up_proj", False))
+            h = o.add(h, o.mul(self.linear(m, p + ".mlp.down_proj", False), self.w[p + ".mlp_layer_scale.scale"]))
+        h = o.mul(o.rms_norm(h, eps), self.w["pre_transformer.norm.weight"])
+        return self.linear(h, "pre_transformer.output_proj")
+
+    def convnext(self, x, prefix: str, state: str):
+        """ConvNeXt on [B, C, L]: causal depthwise k7, LayerNorm, MLP with exact GELU, gamma, residual."""
+        o = self.ops
+        length = self.shape(x)[3]
+        full = o.concat(self.states[state], x, 0)  # [B, C, 6+L]
+        hist = self.shape(self.states[state])[3]
+        self.state_update(state, full, hist, length + hist)
+        y = o.ssm_conv(full, self.w[prefix + ".dwconv.conv.weight"])  # [B, L, C]
+        y = o.add(y, self.w[prefix + ".dwconv.conv.bias"])
+        y = o.add(o.mul(o.norm(y, 1e-6), self.w[prefix + ".norm.weight"]), self.w[prefix + ".norm.bias"])
+        y = o.gelu_erf(self.linear(y, prefix + ".pwconv1"))
+        y = o.mul(self.linear(y, prefix + ".pwconv2"), self.w[prefix + ".gamma"])
+        return o.add(x, self.to_time_last(y))
+
+    def decoder_block(self, x, n: int, rate: int):
+        p = f"decoder.{n + 1}.block"
+        x = self.trans_conv(self.snake(x, p + ".0"), p + ".1.conv", rate, f"b{n}_tc")
+        for u, dilation in enumerate((1, 3, 9)):
+            q = f"{p}.{u + 2}"
+            y = self.causal_conv(self.snake(x, q + ".act1"), q + ".conv1.conv", f"b{n}_ru{u}", dilation)
+            y = self.causal_conv(self.snake(y, q + ".act2"), q + ".conv2.conv", None)
+            x = self.ops.add(x, y)
+        return x

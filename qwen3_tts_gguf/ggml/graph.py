@@ -1,0 +1,207 @@
+"""Graphs of our own on ggml: a backend on one device, weights uploaded to it once, and graphs built
+once per shape, then computed again with new inputs.
+
+Shapes are written as numpy shapes everywhere in this package (ggml's `ne` is a numpy shape
+reversed): a numpy array [B, C, L] is a ggml tensor of ne [L, C, B], so arrays go in and out of the
+device as they are, without transposes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from qwen3_tts_gguf.ggml.lib import (DEV_CPU, STATUS_SUCCESS, TYPE_F16, TYPE_F32, TYPE_I32, InitParams,
+                                     T, ggml)
+
+_NUMPY_TYPES = {TYPE_F32: np.float32, TYPE_F16: np.float16, TYPE_I32: np.int32}
+_TYPE_OF = {np.dtype(v): k for k, v in _NUMPY_TYPES.items()}
+
+
+class GgmlError(RuntimeError):
+    """A ggml device, buffer or graph that could not be made or run."""
+
+
+def shape_of(t: T) -> tuple[int, ...]:
+    """A tensor's numpy shape (its ne reversed, trailing 1s of ne dropped: at least one axis)."""
+    ne = list(t.contents.ne)
+    while len(ne) > 1 and ne[-1] == 1:
+        ne.pop()
+    return tuple(reversed(ne))
+
+
+def devices() -> list[tuple[str, str, bool]]:
+    """ggml's devices: (name, description, is a CPU)."""
+    g = ggml()
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        d = g.ggml_backend_dev_get(i)
+        out.append((g.ggml_backend_dev_name(d).decode(), (g.ggml_backend_dev_description(d) or b"").decode(),
+                    g.ggml_backend_dev_type(d) == DEV_CPU))
+    return out
+
+
+class Backend:
+    """One ggml backend: `device` names a ggml device ("CPU", "Vulkan0", "CUDA0"; None: the CPU).
+    `threads`: the CPU backend's threads. Calls into it are serialised (`lock`)."""
+
+    def __init__(self, device: str | None = None, *, threads: int | None = None):
+        g = ggml()
+        wanted = device or "CPU"
+        found = None
+        for i in range(g.ggml_backend_dev_count()):
+            d = g.ggml_backend_dev_get(i)
+            if g.ggml_backend_dev_name(d).decode().lower() == wanted.lower():
+                found = d
+                break
+        if found is None:
+            raise GgmlError(f"no ggml device {wanted!r} (this build has: "
+                            f"{', '.join(name for name, _, _ in devices())})")
+        self.ptr = g.ggml_backend_dev_init(found, None)
+        if not self.ptr:
+            raise GgmlError(f"ggml could not start its {wanted} backend")
+        self.device = g.ggml_backend_dev_name(found).decode()
+        self.is_cpu = g.ggml_backend_dev_type(found) == DEV_CPU
+        if self.is_cpu and threads:
+            reg = g.ggml_backend_dev_backend_reg(found)
+            address = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_set_n_threads")
+            if address:
+                ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)(address)(self.ptr, int(threads))
+        self.buffer_type = g.ggml_backend_get_default_buffer_type(self.ptr)
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        if self.ptr:
+            ggml().ggml_backend_free(self.ptr)
+            self.ptr = None
+
+
+class Weights:
+    """Named arrays uploaded once to a backend's memory. `types`: a ggml type per name (f32 default;
+    f16 for matrices where a caller asks)."""
+
+    def __init__(self, backend: Backend, arrays: Mapping[str, np.ndarray], types: Mapping[str, int] | None = None):
+        g = ggml()
+        types = types or {}
+        self.ctx = g.ggml_init(InitParams(g.ggml_tensor_overhead() * (len(arrays) + 1), None, True))
+        self.tensors: dict[str, T] = {}
+        staged = {}
+        for name, array in arrays.items():
+            kind = types.get(name, TYPE_F32 if array.dtype.kind == "f" else _TYPE_OF[np.dtype(array.dtype)])
+            data = np.ascontiguousarray(array, _NUMPY_TYPES[kind])
+            ne = (ctypes.c_int64 * max(1, data.ndim))(*reversed(data.shape or (1,)))
+            t = g.ggml_new_tensor(self.ctx, kind, max(1, data.ndim), ne)
+            self.tensors[name] = t
+            staged[name] = data
+        self.buffer = g.ggml_backend_alloc_ctx_tensors(self.ctx, backend.ptr)
+        if not self.buffer:
+            g.ggml_free(self.ctx)
+            raise GgmlError(f"the {backend.device} device has no room for the weights")
+        self.nbytes = int(g.ggml_backend_buffer_get_size(self.buffer))
+        for name, data in staged.items():
+            g.ggml_backend_tensor_set(self.tensors[name], data.ctypes.data, 0, data.nbytes)
+
+    def __getitem__(self, name: str) -> T:
+        return self.tensors[name]
+
+    def close(self) -> None:
+        if self.buffer:
+            ggml().ggml_backend_buffer_free(self.buffer)
+            ggml().ggml_free(self.ctx)
+            self.buffer = None
+
+
+class Ops:
+    """Builds one graph: `ops.mul_mat(a, b)` is ggml_mul_mat(ctx, a, b), and so for every op of
+    `lib._OPS`; `input` and `output` name the graph's ends."""
+
+    def __init__(self, max_nodes: int = 16384):
+        g = ggml()
+        self.max_nodes = max_nodes
+        size = g.ggml_tensor_overhead() * max_nodes + g.ggml_graph_overhead_custom(max_nodes, False)
+        self.ctx = g.ggml_init(InitParams(size, None, True))
+        self.inputs: dict[str, tuple[T, tuple[int, ...], np.dtype]] = {}
+        self.outputs: dict[str, T] = {}
+        self.output_shapes: dict[str, tuple[int, ...]] = {}
+
+    def __getattr__(self, op: str) -> Callable[..., T]:
+        fn = getattr(ggml(), "ggml_" + op)
+        ctx = self.ctx
+        return lambda *args: fn(ctx, *args)
+
+    def input(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> T:
+        dtype = np.dtype(dtype)
+        ne = (ctypes.c_int64 * len(shape))(*reversed(shape))
+        t = ggml().ggml_new_tensor(self.ctx, _TYPE_OF[dtype], len(shape), ne)
+        ggml().ggml_set_input(t)
+        self.inputs[name] = (t, tuple(shape), dtype)
+        return t
+
+    def output(self, name: str, t: T, shape: tuple[int, ...] | None = None) -> None:
+        """`t` read back as `name`, a numpy array of `shape` (default: `shape_of(t)`)."""
+        ggml().ggml_set_output(t)
+        if shape is not None and int(np.prod(shape)) != int(np.prod(shape_of(t))):
+            raise ValueError(f"output {name}: {list(shape_of(t))} cannot be read as {list(shape)}")
+        self.outputs[name] = t
+        self.output_shapes[name] = tuple(shape) if shape is not None else shape_of(t)
+
+
+class Graph:
+    """A built graph on a backend: `run(feeds)` sets its inputs, computes, and returns its outputs.
+    Graphs of one owner share one allocator (`Allocator`): the largest graph sizes its buffer."""
+
+    def __init__(self, ops: Ops, allocator: "Allocator"):
+        g = ggml()
+        self.ops = ops
+        self.allocator = allocator
+        self.cgraph = g.ggml_new_graph_custom(ops.ctx, ops.max_nodes, False)
+        for t in ops.outputs.values():
+            g.ggml_build_forward_expand(self.cgraph, t)
+        self.nodes = g.ggml_graph_n_nodes(self.cgraph)
+        self.out_shapes = ops.output_shapes
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = ggml()
+        backend = self.allocator.backend
+        with backend.lock:
+            if not g.ggml_gallocr_alloc_graph(self.allocator.ptr, self.cgraph):
+                raise GgmlError(f"the {backend.device} device has no room for a graph's activations")
+            for name, (t, shape, dtype) in self.ops.inputs.items():
+                data = np.ascontiguousarray(feeds[name], dtype)
+                if data.shape != shape:
+                    raise ValueError(f"input {name}: expected {list(shape)}, got {list(data.shape)}")
+                g.ggml_backend_tensor_set(t, data.ctypes.data, 0, data.nbytes)
+            status = g.ggml_backend_graph_compute(backend.ptr, self.cgraph)
+            if status != STATUS_SUCCESS:
+                raise GgmlError(f"ggml's {backend.device} backend failed a graph (status {status})")
+            out = {}
+            for name, t in self.ops.outputs.items():
+                array = np.empty(self.out_shapes[name], _NUMPY_TYPES[t.contents.type])
+                g.ggml_backend_tensor_get(t, array.ctypes.data, 0, array.nbytes)
+                out[name] = array
+        return out
+
+    def close(self) -> None:
+        if self.ops.ctx:
+            ggml().ggml_free(self.ops.ctx)
+            self.ops.ctx = None
+
+
+class Allocator:
+    """One ggml_gallocr for the graphs of one owner: each run plans its graph in the same buffer."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.ptr = ggml().ggml_gallocr_new(backend.buffer_type)
+
+    @property
+    def nbytes(self) -> int:
+        return int(ggml().ggml_gallocr_get_buffer_size(self.ptr, 0)) if self.ptr else 0
+
+    def close(self) -> None:
+        if self.ptr:
+            ggml().ggml_gallocr_free(self.ptr)
+            self.ptr = None
