@@ -1,19 +1,24 @@
 """A seeded request that runs alone gives the same codes and the same audio bytes every time in the
 fast profile (codec overlapped on 2 threads, q8_0 KV cache, prefix cache, adaptive chunks), whatever
-ran before it and whatever the timing (api/README.md, `seed`)."""
+ran before it and whatever the timing; in the parity profile (`--deterministic`) also whatever runs
+beside it (api/README.md, *Reproducibility*)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import openai
 import pytest
 
 from qwen3_tts_gguf.engine.request import SynthesisRequest
 from qwen3_tts_gguf.engine.scheduler import Engine
 from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 from qwen3_tts_gguf.model.prompt import VoiceSpec
+
+from tests.ws_helpers import loaded_registry, serve
 
 FRAMES = 300
 TEXT = ("The quick brown fox jumps over the lazy dog while the early morning sun climbs over the hills, "
@@ -109,3 +114,41 @@ def test_knobs_of_speed_change_no_bit_of_a_seeded_stream(converted_factory, monk
         with Engine(model) as engine:
             assert_same(run(engine), first, str(knob))
         model.close()
+
+
+@pytest.fixture(scope="module")
+def parity_server(converted_factory):
+    """`serve --deterministic` on the tiny model at the default preset's formats (q8_0 talker, int8 code
+    predictor, whose kernels round a row differently with the rows beside it), and a second model."""
+    models = [converted_factory("tiny_cv", "q8_0", "int8"), converted_factory("tiny_cv", "f32")]
+    with loaded_registry(models, EngineSettings(threads=1, deterministic=True, max_streams=4)) as registry, \
+            serve(registry, None, max_requests_per_client=4) as server:
+        yield registry, server
+
+
+def test_a_seeded_stream_in_the_parity_profile_is_its_solo_self_whatever_runs_beside_it(parity_server):
+    """Through the server and the openai SDK: a sampled, seeded request alone, then at the same moment as
+    other requests (unseeded, seeded, greedy, another voice, another model): the same bytes every time."""
+    registry, server = parity_server
+    client = openai.OpenAI(base_url=server.api_url, api_key="any", max_retries=0)
+    other_model = registry.models[1].id
+
+    def speak(model: str = "tts-1", voice: str = "alloy", **extra) -> bytes:
+        with client.audio.speech.with_streaming_response.create(
+                model=model, input="Hello there, this is a seeded stream.", voice=voice, response_format="pcm",
+                extra_body={"max_frames": 40, **extra}) as response:
+            return response.read()
+
+    solo = speak(seed=7)
+    assert len(solo) == 40 * 1920 * 2 and speak(seed=7) == solo
+    for neighbours in ([{}, {}], [{"seed": 1}, {"temperature": 0}], [{"voice": "ryan"}, {"model": other_model}]):
+        start = threading.Barrier(1 + len(neighbours))
+
+        def together(extra: dict) -> bytes:
+            start.wait()
+            return speak(**extra)
+
+        with ThreadPoolExecutor(len(neighbours) + 1) as pool:
+            beside = list(pool.map(together, [{"seed": 7}, *neighbours]))[0]
+        assert beside == solo, f"beside {neighbours}: samples differ from frame " \
+            f"{np.nonzero(np.frombuffer(beside, '<i2') != np.frombuffer(solo, '<i2'))[0][0] // 1920} on"

@@ -166,8 +166,14 @@ class Iteration:
 
     def _predict(self, stepping: list[ActiveStream], code0: list[int]):
         """Codes and frame embeddings of every stepping stream: one batched call, or, if that
-        fails, one call per stream with its random state rewound (only the culprit fails).
+        fails, one call per stream with its random state rewound (only the culprit fails). The parity
+        profile calls it stream by stream, as it decodes the talker: a quantized code predictor's kernels
+        round a row differently with the rows beside it.
         Yields (act, codes[15], frame embedding) or (act, StreamFault)."""
+        if self.settings.deterministic and len(stepping) > 1:
+            for act, c0 in zip(stepping, code0):
+                yield from self._predict([act], [c0])
+            return
         predictor = self.model.predictor
         states = [a.rng.bit_generator.state for a in stepping]
         t0 = time.perf_counter()
