@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +32,12 @@ from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
 from qwen3_tts_gguf.ggml.graph import Allocator, Backend, Graph, Ops, Weights
 from qwen3_tts_gguf.ggml.lib import TYPE_F32
 from qwen3_tts_gguf.model.codec import CodecState
+from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 
 MAX_CALL_FRAMES = 16
 """Frames (streams x frames) of one call at most; longer input is decoded in pieces, the state carried."""
+ROW_MULTIPLE = 4
+"""Rows of every product padded to a multiple of this (`_CodecGraph.product`)."""
 MAX_GRAPHS = 24
 """Graphs (one per (streams, frames) shape) kept built; the least recently used goes first."""
 
@@ -58,7 +62,7 @@ class GgmlCodec:
     runtime = "ggml"
 
     def __init__(self, path: str | Path, backend: Backend, *, max_call_frames: int = MAX_CALL_FRAMES,
-                 max_graphs: int = MAX_GRAPHS):
+                 max_graphs: int = MAX_GRAPHS, device_locks: Sequence[DeviceLock] = ()):
         raw, meta = _read_onnx(Path(path))
         if "config" not in meta:
             raise GgmlCodecError(f"{Path(path).name} was converted before the ggml codec existed; convert "
@@ -72,6 +76,7 @@ class GgmlCodec:
         self.codebook_size = self.cfg.codebook_size
         self.max_call_frames = max_call_frames
         self.backend = backend
+        self._device_locks = tuple(device_locks)
         self.weights = Weights(backend, _device_weights(raw, self.cfg))
         self.allocator = Allocator(backend)
         self._graphs: OrderedDict[tuple[int, int], Graph] = OrderedDict()
@@ -145,22 +150,25 @@ class GgmlCodec:
         feeds = {"first": codes[:, :, 0].reshape(-1), "rest": (codes[:, :, 1:] + offsets).reshape(-1),
                  **self._positions(pos, frames),
                  **{f"in_{name}": array for name, array in state.tensors.items() if name != "pos"}}
-        out = self._graph(batch, frames).run(feeds)
+        with hold_devices(self._device_locks):  # the talker's decodes and this call never interleave on a GPU
+            out = self._graph(batch, frames).run(feeds)
         new = {"pos": pos + frames, **{name: out[f"out_{name}"] for name, _, _ in self.state_specs if name != "pos"}}
         return out["wav"], CodecState(new)
 
     def _positions(self, pos: np.ndarray, frames: int) -> dict[str, np.ndarray]:
-        """RoPE tables [B, N, 1, hd] and the additive sliding-window mask [B, 1, N, W-1+N], as the ONNX
-        graph computes them (codec_graph.py, `positions`)."""
+        """RoPE tables [B, N, 1, hd] as the ONNX graph computes them (codec_graph.py, `positions`), and the
+        additive mask of each query's window [B*h, N, 1, W]: its key j sits at frame q-(W-1)+j, hidden
+        before the stream's first frame."""
         window = self.cfg.sliding_window
         qpos = pos[:, None] + np.arange(frames)[None]  # [B, N]
-        kpos = pos[:, None] - (window - 1) + np.arange(window - 1 + frames)[None]  # [B, L]
-        q, k = qpos[:, :, None], kpos[:, None, :]
-        valid = (k >= 0) & (k <= q) & (k > q - window)
-        mask = np.where(valid, np.float32(0), np.float32(-np.inf))[:, None]
+        kpos = qpos[:, :, None] - (window - 1) + np.arange(window)  # [B, N, W]
+        mask = np.where(kpos >= 0, np.float32(0), np.float32(-np.inf))[:, :, None]
+        mask = np.repeat(mask, self.cfg.num_heads, axis=0)
+        rows = (np.arange(frames)[:, None] + np.arange(window)[None]).reshape(1, -1)
+        rows = np.broadcast_to(rows, (len(pos) * self.cfg.num_heads, frames * window))
         freqs = qpos.astype(np.float32)[:, :, None] * self._inv_freq
         emb = np.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-        return {"cos": np.cos(emb), "sin": np.sin(emb), "mask": mask}
+        return {"cos": np.cos(emb), "sin": np.sin(emb), "mask": mask, "window_rows": rows}
 
 
 def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict[str, np.ndarray]:
@@ -183,12 +191,6 @@ def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict
             out[key] = array.reshape(array.shape[0], array.shape[2])
         else:
             out[key] = array
-    hd = cfg.head_dim
-    rotate = np.zeros((hd, hd), np.float32)  # rotate-half as a matrix: out[i] = -x[i + h] (i < h), x[i - h]
-    h = hd // 2
-    rotate[np.arange(h), np.arange(h) + h] = -1
-    rotate[np.arange(h) + h, np.arange(h)] = 1
-    out["rotate_half"] = rotate
     return out
 
 
@@ -205,12 +207,12 @@ class _CodecGraph:
         hd, window = cfg.head_dim, cfg.sliding_window
         self.cos = o.input("cos", (batch, frames, 1, hd))
         self.sin = o.input("sin", (batch, frames, 1, hd))
-        self.mask = o.input("mask", (batch, 1, frames, window - 1 + frames))
+        self.mask = o.input("mask", (batch * cfg.num_heads, frames, 1, window))
+        self.window_rows = o.input("window_rows", (batch * cfg.num_heads, frames * window), np.int32)
 
-        z = self.dequantize(first, rest)  # [B, N, codebook_dim]
-        h = self.causal_conv(self.to_time_last(z), "pre_conv.conv", "pre_conv")
-        h = self.transformer(self.to_channel_last(h))
-        h = self.to_time_last(h)  # [B, latent, N]
+        z = self.dequantize(first, rest)  # [B, codebook_dim, N]
+        h = self.causal_conv(z, "pre_conv.conv", "pre_conv")
+        h = self.transformer(self.to_channel_last(h))  # [B, latent, N]
         for j, factor in enumerate(cfg.upsampling_ratios):
             h = self.trans_conv(h, f"upsample.{j}.0.conv", factor, f"up{j}_tc")
             h = self.convnext(h, f"upsample.{j}.1", f"up{j}_dw")
@@ -241,9 +243,35 @@ class _CodecGraph:
         o.output(f"out_{name}", o.cont(view), (self.B, ne[1], keep))
 
     # -- pieces ----------------------------------------------------------------------------
+    def product(self, rows, weight):
+        """rows [R, in] times a weight [out, in]: [out, R]. The CPU backend picks its kernel by the rows'
+        count (a tiled one for multiples of 4 rows), so rows are padded to a multiple of 4 with zeros: every
+        row's value then comes from the same kernel whatever the call holds, and chunked audio equals one
+        whole decode bit for bit."""
+        o = self.ops
+        weight = self.w[weight] if isinstance(weight, str) else weight
+        count = rows.contents.ne[1]
+        pad = -count % ROW_MULTIPLE
+        if not pad:
+            return o.mul_mat(rows, weight)
+        y = o.mul_mat(o.pad(rows, 0, pad, 0, 0), weight)
+        return o.cont(o.view_2d(y, count, y.contents.ne[1], y.contents.nb[1], 0))
+
+    def rows_to_time_last(self, y, length: int, channels: int):
+        """[C, B*L] (a product's output) -> [B, C, L]."""
+        o = self.ops
+        if self.B == 1:
+            return o.reshape_3d(y, length, channels, 1)
+        return o.cont(o.permute(o.reshape_3d(y, length, self.B, channels), 0, 2, 1, 3))
+
     def linear(self, x, prefix: str, bias: bool = True):
-        y = self.ops.mul_mat(self.w[prefix + ".weight"], x)
-        return self.ops.add(y, self.w[prefix + ".bias"]) if bias else y
+        """[B, N, in] -> [B, N, out]."""
+        o = self.ops
+        rows = self.B * self.N
+        y = self.product(o.reshape_2d(x, self.shape(x)[3], rows), prefix + ".weight")  # [out, R]
+        out = self.shape(y)[2]
+        y = o.reshape_3d(o.cont(o.transpose(y)), out, self.N, self.B)
+        return o.add(y, self.w[prefix + ".bias"]) if bias else y
 
     def causal_conv(self, x, prefix: str, state: str | None, dilation: int = 1):
         """Causal Conv1d on [B, C, L] (time last): the state's last (k-1)*d columns prepended, then im2col
@@ -256,13 +284,8 @@ class _CodecGraph:
             x = o.concat(self.states[state], x, 0)
             self.state_update(state, x, hist, length + hist)
         cols = o.im2col(weight, x, 1, 0, 0, 0, dilation, 0, False, TYPE_F32)  # [B, L, C_in*k]
-        y = o.mul_mat(o.reshape_2d(cols, c_in * k, length * self.B), o.reshape_2d(weight, k * c_in, c_out))
-        y = o.reshape_3d(y, length, self.B, c_out)  # [C_out, B, L]
-        if self.B > 1:
-            y = o.cont(o.permute(y, 0, 2, 1, 3))  # [B, C_out, L]
-        else:
-            y = o.reshape_3d(y, length, c_out, 1)
-        return o.add(y, o.reshape_2d(self.w[prefix + ".bias"], 1, c_out))
+        y = self.product(o.reshape_2d(cols, c_in * k, length * self.B), o.reshape_2d(weight, k * c_in, c_out))
+        return o.add(self.rows_to_time_last(y, length, c_out), o.reshape_2d(self.w[prefix + ".bias"], 1, c_out))
 
     def trans_conv(self, x, prefix: str, stride: int, state: str):
         """Causal ConvTranspose1d (k = m*s) on [B, C_in, N]: one product of the m shifted input columns by
@@ -282,9 +305,10 @@ class _CodecGraph:
             cols = shifted[0]
             for piece in shifted[1:]:
                 cols = o.concat(cols, piece, 0)
-        y = o.add(o.mul_mat(taps, cols), self.w[prefix + ".bias_taps"])  # [B, n, C_out*s]
+        y = self.product(o.reshape_2d(cols, mc, n * self.B), taps)  # [C_out*s, B*n]
+        y = o.add(y, o.reshape_2d(self.w[prefix + ".bias_taps"], 1, cs))
         c_out = cs // stride
-        y = o.cont(o.permute(o.reshape_4d(y, stride, c_out, n, self.B), 0, 2, 1, 3))  # [B, C_out, n, s]
+        y = o.cont(o.permute(o.reshape_4d(y, n, self.B, stride, c_out), 1, 3, 0, 2))  # [B, C_out, n, s]
         return o.reshape_3d(y, n * stride, c_out, self.B)
 
     def snake(self, x, prefix: str):
@@ -294,25 +318,29 @@ class _CodecGraph:
         return o.add(x, o.mul(o.sqr(s), self.w[prefix + ".beta_inv"]))
 
     def dequantize(self, first, rest):
-        """RVQ lookup -> [B, N, codebook_dim]: the first table and the sum of the rest, each projected."""
+        """RVQ lookup -> [B, codebook_dim, N]: the first table and the sum of the rest, each projected."""
         o, q = self.ops, self.cfg.num_quantizers - 1
         e_first = o.get_rows(self.w["quantizer.rvq_first.codebook"], first)  # [B*N, d]
         e_rest = o.get_rows(self.w["quantizer.rvq_rest.codebooks"], rest)  # [B*N*q, d]
         d = self.shape(e_rest)[3]
         e_rest = o.reshape_3d(e_rest, d, q, self.B * self.N)
         e_rest = o.reshape_2d(o.sum_rows(o.cont(o.permute(e_rest, 1, 0, 2, 3))), d, self.B * self.N)
-        z = o.add(o.mul_mat(self.w["quantizer.rvq_first.output_proj.weight_t"], e_first),
-                  o.mul_mat(self.w["quantizer.rvq_rest.output_proj.weight_t"], e_rest))
-        return o.reshape_3d(z, self.shape(z)[3], self.N, self.B)
+        z = o.add(self.product(e_first, "quantizer.rvq_first.output_proj.weight_t"),
+                  self.product(e_rest, "quantizer.rvq_rest.output_proj.weight_t"))  # [D, B*N]
+        return self.rows_to_time_last(z, self.N, self.shape(z)[2])
 
     def rope(self, x):
-        """x [B, N, H, hd] rotated by the host's tables (rotate-half as a product with a +-1 matrix)."""
+        """x [B, N, H, hd] rotated by the host's tables (NeoX rotate-half: [-x2, x1])."""
         o = self.ops
         b, n, h, hd = self.shape(x)
-        rotated = o.reshape_4d(o.mul_mat(self.w["rotate_half"], o.reshape_2d(x, hd, h * n * b)), hd, h, n, b)
+        nb = x.contents.nb
+        x1, x2 = (o.cont(o.view_4d(x, hd // 2, h, n, b, nb[1], nb[2], nb[3], at * nb[0])) for at in (0, hd // 2))
+        rotated = o.concat(o.scale(x2, -1.0), x1, 0)
         return o.add(o.mul(x, self.cos), o.mul(rotated, self.sin))
 
     def attention(self, x, layer: int):
+        """Sliding-window attention, each query against exactly the W keys that end at it (a fixed-length
+        softmax in the same order whatever the chunk: chunked audio equals one whole decode bit for bit)."""
         o, cfg = self.ops, self.cfg
         p = f"pre_transformer.layers.{layer}.self_attn"
         hd, heads, window = cfg.head_dim, cfg.num_heads, cfg.sliding_window
@@ -324,21 +352,23 @@ class _CodecGraph:
         q = o.cont(o.permute(self.rope(heads_of(self.linear(x, p + ".q_proj", False))), 0, 2, 1, 3))  # [B, h, N, hd]
         k = o.cont(o.permute(self.rope(heads_of(self.linear(x, p + ".k_proj", False))), 0, 2, 1, 3))
         v = o.cont(o.permute(heads_of(self.linear(x, p + ".v_proj", False)), 0, 2, 1, 3))
-        full = []
+        windows = []
         for name, new in ((f"k{layer}", k), (f"v{layer}", v)):
-            cat = o.concat(self.states[name], new, 1)  # [B, h, W-1+N, hd]
-            ne, nb = cat.contents.ne, cat.contents.nb
-            view = o.view_4d(cat, hd, window - 1, heads, B, nb[1], nb[2], nb[3], N * nb[1])
-            o.output(f"out_{name}", o.cont(view), (B, heads, window - 1, hd))
-            full.append(cat)
-        scores = o.mul_mat(full[0], q)  # [B, h, N, L]
+            cat = o.concat(self.states[name], new, 1)  # [B, h, W-1+N, hd]: slot j at frame pos-(W-1)+j
+            nb = cat.contents.nb
+            o.output(f"out_{name}", o.cont(o.view_4d(cat, hd, window - 1, heads, B, nb[1], nb[2], nb[3], N * nb[1])),
+                     (B, heads, window - 1, hd))
+            # query i's keys are slots i..i+W-1, gathered (streams and heads on one axis)
+            rows = o.get_rows(o.reshape_3d(cat, hd, window - 1 + N, heads * B), self.window_rows)
+            windows.append(o.reshape_4d(rows, hd, window, N, heads * B))  # [hB, N, W, hd]
+        scores = o.mul_mat(windows[0], o.reshape_4d(q, hd, 1, N, heads * B))  # [hB, N, 1, W]
         probs = o.soft_max_ext(scores, self.mask, hd ** -0.5, 0.0)
-        out = o.mul_mat(o.cont(o.transpose(full[1])), probs)  # [B, h, N, hd]
-        out = o.reshape_3d(o.cont(o.permute(out, 0, 2, 1, 3)), hd * heads, N, B)
+        out = o.mul_mat(o.cont(o.transpose(windows[1])), probs)  # [hB, N, 1, hd]
+        out = o.reshape_3d(o.cont(o.permute(o.reshape_4d(out, hd, N, heads, B), 0, 2, 1, 3)), hd * heads, N, B)
         return self.linear(out, p + ".o_proj", False)
 
     def transformer(self, x):
-        """[B, N, latent] -> [B, N, latent]."""
+        """[B, N, latent] -> [B, latent, N]."""
         o, cfg = self.ops, self.cfg
         eps = cfg.rms_norm_eps
         h = self.linear(x, "pre_transformer.input_proj")
@@ -350,7 +380,10 @@ class _CodecGraph:
             m = o.mul(o.silu(self.linear(m, p + ".mlp.gate_proj", False)), self.linear(m, p + ".mlp.up_proj", False))
             h = o.add(h, o.mul(self.linear(m, p + ".mlp.down_proj", False), self.w[p + ".mlp_layer_scale.scale"]))
         h = o.mul(o.rms_norm(h, eps), self.w["pre_transformer.norm.weight"])
-        return self.linear(h, "pre_transformer.output_proj")
+        prefix = "pre_transformer.output_proj"
+        y = self.product(o.reshape_2d(h, self.shape(h)[3], self.B * self.N), prefix + ".weight")
+        y = o.add(y, o.reshape_2d(self.w[prefix + ".bias"], 1, self.shape(y)[2]))
+        return self.rows_to_time_last(y, self.N, self.shape(y)[2])
 
     def convnext(self, x, prefix: str, state: str):
         """ConvNeXt on [B, C, L]: causal depthwise k7, LayerNorm, MLP with exact GELU, gamma, residual."""
@@ -362,9 +395,14 @@ class _CodecGraph:
         y = o.ssm_conv(full, self.w[prefix + ".dwconv.conv.weight"])  # [B, L, C]
         y = o.add(y, self.w[prefix + ".dwconv.conv.bias"])
         y = o.add(o.mul(o.norm(y, 1e-6), self.w[prefix + ".norm.weight"]), self.w[prefix + ".norm.bias"])
-        y = o.gelu_erf(self.linear(y, prefix + ".pwconv1"))
-        y = o.mul(self.linear(y, prefix + ".pwconv2"), self.w[prefix + ".gamma"])
-        return o.add(x, self.to_time_last(y))
+        channels, rows = self.shape(y)[3], self.B * length
+        y = self.product(o.reshape_2d(y, channels, rows), prefix + ".pwconv1.weight")  # [4C, B*L]
+        wide = self.shape(y)[2]
+        y = o.gelu_erf(o.add(y, o.reshape_2d(self.w[prefix + ".pwconv1.bias"], 1, wide)))
+        y = self.product(o.cont(o.transpose(y)), prefix + ".pwconv2.weight")  # [C, B*L]
+        y = o.add(y, o.reshape_2d(self.w[prefix + ".pwconv2.bias"], 1, channels))
+        y = o.mul(y, o.reshape_2d(self.w[prefix + ".gamma"], 1, channels))
+        return o.add(x, self.rows_to_time_last(y, length, channels))
 
     def decoder_block(self, x, n: int, rate: int):
         p = f"decoder.{n + 1}.block"

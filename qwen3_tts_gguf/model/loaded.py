@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qwen3_tts_gguf.model.manifest import (
@@ -179,6 +179,17 @@ class LoadedModel:
         self.stage_threads = threads = settings.stage_threads  # worked out once: it reads the cgroup's files
 
         def load_codec() -> CodecDecoder:
+            if self.runtimes.codec == "ggml":
+                from qwen3_tts_gguf.ggml.codec import GgmlCodecError
+
+                try:
+                    return self._load_ggml_codec(threads.codec)
+                except GgmlCodecError:
+                    if settings.codec_runtime != "auto":
+                        raise
+                    self.runtimes = replace(self.runtimes, codec="onnxruntime",
+                                            why=self.runtimes.why + "; the codec on ONNX Runtime: its file predates "
+                                                                    "the ggml codec (convert again)")
             return CodecDecoder(self.folder / CODEC_FILE, threads=threads.codec, device=settings.device,
                                 runtime=self.runtimes.codec, lanes=threads.codec_lanes)
 
@@ -225,6 +236,16 @@ class LoadedModel:
     def sample_rate(self) -> int:
         return int(self.manifest.codec["sample_rate"])
 
+    def _load_ggml_codec(self, threads: int):
+        """The streaming codec on the project's ggml graphs, on the talker's first GPU (the CPU without one)."""
+        from qwen3_tts_gguf.ggml.codec import GgmlCodec
+        from qwen3_tts_gguf.ggml.graph import Backend
+        from qwen3_tts_gguf.runtime.locks import talker_device_locks
+
+        locks = talker_device_locks(self.settings.gpu_layers)
+        self.ggml_backend = Backend(locks[0].name if locks else None, threads=threads)
+        return GgmlCodec(self.folder / CODEC_FILE, self.ggml_backend, device_locks=locks)
+
     def _load_llama_stages(self, threads: int):
         from qwen3_tts_gguf.model.llama_stages import LlamaStages
         from qwen3_tts_gguf.runtime.locks import talker_device_locks
@@ -237,3 +258,8 @@ class LoadedModel:
         self.talker.close()
         if getattr(self, "llama_stages", None) is not None:
             self.llama_stages.close()
+        if getattr(self, "ggml_backend", None) is not None:
+            if hasattr(getattr(self, "codec", None), "close"):
+                self.codec.close()
+            self.ggml_backend.close()
+            self.ggml_backend = None

@@ -1,12 +1,14 @@
 """Which runtime runs the code predictor and the codec (`--cp-runtime`, `--codec-runtime`): ONNX Runtime
-(the default on a CPU and on the devices it has a provider for), OpenVINO (the codec, opt-in), or
-llama.cpp's own Qwen3-TTS graphs (`llama_stages.py`: every ggml backend, Vulkan included).
+(the default on a CPU and on the devices it has a provider for), OpenVINO (the codec, opt-in), the
+project's own ggml graphs (`ggml/`: the streaming codec, on every ggml backend), or llama.cpp's own
+Qwen3-TTS graphs (`llama_stages.py`: every ggml backend, Vulkan included).
 
-`auto` picks llama.cpp for both stages when the talker is offloaded (`--gpu-layers`) to a device ONNX
-Runtime has no provider for (`--device` left on the CPU: Vulkan's GPUs, a CUDA machine without
-onnxruntime-gpu) and the model folder has its llama stages file; ONNX Runtime otherwise (the parity
-profile always keeps it). The runtime is a choice of implementation behind the stage's interface,
-never a branch in the engine.
+When the talker is offloaded (`--gpu-layers`) to a device ONNX Runtime has no provider for (`--device`
+left on the CPU: Vulkan's GPUs, a CUDA machine without onnxruntime-gpu), `auto` puts the codec on the
+ggml graphs on the talker's device and the code predictor on llama.cpp's graphs where the model folder
+has its llama stages file; ONNX Runtime otherwise (the parity profile always keeps it). On a CPU ONNX
+Runtime measures fastest for both stages (docs/benchmarks.md, *Stage runtimes*). The runtime is a
+choice of implementation behind the stage's interface, never a branch in the engine.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, Manifest
 
 CP_RUNTIMES = ("auto", "onnxruntime", "llama")
 """What `--cp-runtime` accepts."""
-CODEC_RUNTIMES = ("auto", "onnxruntime", "openvino", "llama")
+CODEC_RUNTIMES = ("auto", "onnxruntime", "openvino", "ggml", "llama")
 """What `--codec-runtime` accepts."""
 
 
@@ -44,9 +46,10 @@ def check_stage_runtimes(cp_runtime: str, codec_runtime: str, *, deterministic: 
         raise StageRuntimeError(f"--cp-runtime {cp_runtime!r}: expected one of {', '.join(CP_RUNTIMES)}")
     if codec_runtime not in CODEC_RUNTIMES:
         raise CodecRuntimeError(f"--codec-runtime {codec_runtime!r}: expected one of {', '.join(CODEC_RUNTIMES)}")
-    if deterministic and codec_runtime == "llama":
-        raise CodecRuntimeError("--codec-runtime llama agrees with the parity codec to about 40 dB, it is not "
-                                "bit-exact; --deterministic (the parity profile) keeps ONNX Runtime's codec")
+    if deterministic and codec_runtime in ("llama", "ggml"):
+        agreement = "about 40 dB" if codec_runtime == "llama" else "about 85 dB"
+        raise CodecRuntimeError(f"--codec-runtime {codec_runtime} agrees with the parity codec to {agreement}, it "
+                                "is not bit-exact; --deterministic (the parity profile) keeps ONNX Runtime's codec")
 
 
 def resolve(cp_runtime: str, codec_runtime: str, manifest: Manifest, *, gpu_layers: int, onnx_device: str,
@@ -55,12 +58,13 @@ def resolve(cp_runtime: str, codec_runtime: str, manifest: Manifest, *, gpu_laye
     of a folder without its llama stages file is a StageRuntimeError saying how to add it."""
     check_stage_runtimes(cp_runtime, codec_runtime, deterministic=deterministic)
     has_stages = LLAMA_STAGES_FILE in manifest.files
-    offloaded_beyond_onnx = bool(gpu_layers) and onnx_device == "cpu"
-    auto_llama = offloaded_beyond_onnx and has_stages and not deterministic
-    why = ("auto: the talker is on a GPU ONNX Runtime has no provider for" if auto_llama else
-           "auto: ONNX Runtime" + ("" if has_stages else " (this folder has no llama stages file)"))
+    on_gpu = bool(gpu_layers) and onnx_device == "cpu" and not deterministic
+    auto_llama = on_gpu and has_stages
+    why = ("auto: the talker is on a GPU ONNX Runtime has no provider for" if on_gpu else "auto: ONNX Runtime")
+    if on_gpu and not has_stages:
+        why += " (the code predictor on ONNX Runtime: this folder has no llama stages file)"
     cp = ("llama" if auto_llama else "onnxruntime") if cp_runtime == "auto" else cp_runtime
-    codec = ("llama" if auto_llama else "onnxruntime") if codec_runtime == "auto" else codec_runtime
+    codec = ("ggml" if on_gpu else "onnxruntime") if codec_runtime == "auto" else codec_runtime
     if "llama" in (cp, codec) and not has_stages:
         raise StageRuntimeError(f"--{'cp' if cp == 'llama' else 'codec'}-runtime llama: {manifest.name} has no "
                                 f"{LLAMA_STAGES_FILE}: {manifest.llama_stages_missing}")
