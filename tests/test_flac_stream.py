@@ -1,6 +1,6 @@
-"""FLAC readable everywhere: the speech route sends a FLAC whole, its STREAMINFO final (total samples,
-MD5), so libsndfile (soundfile), PyAV and `flac -t` all read it; a streamed FLAC (the encoder's bytes as
-they come: SSE deltas, socket frames) says total_samples = 0 and PyAV still decodes every sample
+"""FLAC readable everywhere: the speech route sends a FLAC whole, in audio mode and SSE alike, its STREAMINFO
+final (total samples, MD5), so libsndfile (soundfile), PyAV and `flac -t` all read it; a streamed FLAC (the
+encoder's bytes as they come: socket frames) says total_samples = 0 and PyAV still decodes every sample
 (api/README.md, "FLAC")."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import subprocess
 
 import av
 import numpy as np
+import openai
 import pytest
 import soundfile
 
@@ -108,15 +109,23 @@ def test_flac_response_is_whole_and_read_by_soundfile_pyav_and_flac(http, tmp_pa
     flac_test(flac, tmp_path)
 
 
-def test_flac_sse_deltas_are_the_streamed_file(http):
-    """SSE streams: its deltas join to the same frames, with the streamed (unknown-length) STREAMINFO."""
-    whole = http.post("/v1/audio/speech", json={**BODY, "response_format": "flac"}).content
-    events = http.post("/v1/audio/speech", json={**BODY, "response_format": "flac", "stream_format": "sse"})
-    deltas = [json.loads(block.removeprefix("data: ")) for block in events.text.split("\n\n") if block]
-    streamed = b"".join(base64.b64decode(e["audio"]) for e in deltas if e["type"] == "speech.audio.delta")
-    assert deltas[-1]["type"] == "speech.audio.done" and streaminfo(streamed)["total_samples"] == 0
-    assert streamed[:8] == whole[:8] and streamed[42:] == whole[42:]  # only STREAMINFO differs
-    np.testing.assert_array_equal(decode_flac(streamed), decode_flac(whole))
+def test_flac_sse_deltas_join_to_the_whole_file(http, server, tmp_path):
+    """SSE sends a FLAC whole too (the openai SDK as client): its deltas, joined, are the audio-mode file, final
+    STREAMINFO included, so libsndfile, PyAV and `flac -t` read it; word events still come."""
+    client = openai.OpenAI(base_url=server.api_url, api_key="any", max_retries=0)
+    with client.audio.speech.with_streaming_response.create(
+            model="tts-1", input=BODY["input"], voice="ryan", response_format="flac", stream_format="sse",
+            extra_body={"seed": 3, "max_frames": 6, "word_timestamps": True}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines() if line]
+    streamed = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert events[-1]["type"] == "speech.audio.done" and any(e["type"] == "speech.word" for e in events)
+    assert streamed == http.post("/v1/audio/speech", json={**BODY, "response_format": "flac"}).content
+    pcm = np.frombuffer(http.post("/v1/audio/speech", json={**BODY, "response_format": "pcm"}).content, "<i2")
+    assert streaminfo(streamed)["total_samples"] == len(pcm)
+    np.testing.assert_array_equal(read_soundfile(streamed), pcm)
+    np.testing.assert_array_equal(decode_flac(streamed), pcm)
+    flac_test(streamed, tmp_path)
 
 
 def test_a_flac_whose_synthesis_fails_part_way_is_an_error_status_not_a_cut_file(http, registry, monkeypatch):
@@ -136,6 +145,10 @@ def test_a_flac_whose_synthesis_fails_part_way_is_an_error_status_not_a_cut_file
         http.post("/v1/audio/speech", json={**BODY, "max_frames": 12, "response_format": "pcm"})
     calls.clear()
     response = http.post("/v1/audio/speech", json={**BODY, "max_frames": 12, "response_format": "flac"})
-    monkeypatch.undo()
     assert response.status_code == 500 and response.json()["error"]["code"] == "synthesis_failed"
+    calls.clear()
+    response = http.post("/v1/audio/speech", json={**BODY, "max_frames": 12, "response_format": "flac",
+                                                   "stream_format": "sse"})
+    monkeypatch.undo()
+    assert response.status_code == 500 and response.json()["error"]["code"] == "synthesis_failed"  # SSE too
     assert http.post("/v1/audio/speech", json={**BODY, "response_format": "flac"}).status_code == 200

@@ -38,7 +38,7 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the re
 
 @router.post("/v1/audio/speech", response_class=Response, responses={
     200: {"description": "the audio file, chunked as it is encoded (`response_format`; flac: sent whole, with "
-                         "Content-Length); or SSE events (`stream_format: sse`)",
+                         "Content-Length); or SSE events (`stream_format: sse`; flac: once the file is whole)",
           "content": {**{t: {"schema": {"type": "string", "format": "binary"}} for t in CONTENT_TYPES.values()},
                       SSE_CONTENT_TYPE: speech_sse_openapi()},
           "headers": {name: {"description": description, "required": required, "schema": {"type": "string"}}
@@ -54,8 +54,9 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the re
 async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """Speak `input` with `voice`, streaming the `response_format` file (or SSE events) as it is made.
 
-    Headers are sent with the first audio (a FLAC file: once it is whole), so errors before it have
-    real status codes; later errors abort the connection (audio) or arrive as an `error` event (SSE).
+    Headers are sent with the first audio (FLAC, in either stream format: once the file is whole), so errors
+    before it have real status codes; later errors abort the connection (audio) or arrive as an `error` event
+    (SSE).
     """
     for name in ("word_timestamps", "subtitles"):
         if getattr(body, name) and body.stream_format != "sse":
@@ -90,25 +91,25 @@ async def respond(request: Request, body: SpeechRequest, audio_format: str, cont
                           progress=body.progress and sse, speed=body.speed, timings=timings,
                           word_events=sse and body.word_timestamps, subtitles=body.subtitles if sse else None)
     return await answer(request, speech, plan.headers(), content_type, "sse" if sse else shape,
-                        whole=audio_format in WHOLE_FILE_FORMATS and shape is audio_body)
+                        whole=audio_format in WHOLE_FILE_FORMATS and (sse or shape is audio_body))
 
 
 async def answer(request: Request, speech: SpeechStream, headers: dict[str, str], content_type: str,
                  shape: Callable[[SpeechStream], AsyncIterator[bytes]] | Literal["sse"], whole: bool = False
                  ) -> Response:
     """The response for a started `speech`, once its first audio is there (a failure before it is a real
-    status): the body `shape` makes of it ("sse": SSE events), or with `whole` the file made whole before it
-    is sent (`SpeechStream.whole_file`). `speech` is released whatever happens."""
+    status): the body `shape` makes of it ("sse": SSE events); with `whole`, of the file made whole before
+    any of it is sent (`SpeechStream.whole_file`). `speech` is released whatever happens."""
     try:  # until the response owns the stream, any failure here must release it
         if not await speech.wait_for_audio(request.receive):
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         timeout = get_state(request).config.limits.send_timeout_s
+        data = await speech.whole_file(request.receive) if whole else None
+        if whole and data is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         if shape == "sse":
-            return SpeechResponse(speech, sse_body(speech), SSE_CONTENT_TYPE, headers, timeout)
-        if whole:
-            data = await speech.whole_file(request.receive)
-            if data is None:
-                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            return SpeechResponse(speech, sse_body(speech, data), SSE_CONTENT_TYPE, headers, timeout)
+        if data is not None:
             return SpeechResponse(speech, whole_body(data), content_type,
                                   {**headers, "Content-Length": str(len(data))}, timeout)
         return SpeechResponse(speech, shape(speech), content_type, headers, timeout)

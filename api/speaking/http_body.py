@@ -8,9 +8,10 @@ Lifecycle of one speech response:
 2. The body (`audio_body`: the file's bytes; `sse_body`: events) encodes every AudioChunk with the
    request's one StreamingEncoder, in a worker thread so the event loop never encodes, and yields
    bytes as soon as the encoder has any. A format whose header must know the length
-   (`WHOLE_FILE_FORMATS`: FLAC) is sent whole instead, in audio mode: `SpeechStream.whole_file`
-   encodes it all before any header, writes the final header over the streamed one, and the
-   response carries `Content-Length`; a failure before it is complete is still a real status.
+   (`WHOLE_FILE_FORMATS`: FLAC) is sent whole instead, in audio mode and SSE alike:
+   `SpeechStream.whole_file` encodes it all before any header and writes the final header over the
+   streamed one; the audio response carries `Content-Length`, the SSE deltas follow one another at
+   once; a failure before it is complete is still a real status.
 3. `SpeechResponse` releases the stream whatever happens. A client that disconnects cancels the
    engine stream (the engine frees the slot at its next iteration); the encoder is closed. The
    release also writes the stream's usage-log line (`--usage-log`, `api/speaking/usage.py`), every outcome.
@@ -65,9 +66,9 @@ CONTENT_TYPES = {
 }
 SSE_CONTENT_TYPE = "text/event-stream"
 WHOLE_FILE_FORMATS = ("flac",)
-"""Formats sent whole in audio mode, not as they are encoded: a streamed FLAC's STREAMINFO cannot say
+"""Formats sent whole (audio mode and SSE), not as they are encoded: a streamed FLAC's STREAMINFO cannot say
 its length (nor its MD5), and libsndfile (soundfile, sox, Audacity) refuses a FLAC without it; FLAC of
-speech is small. Their SSE deltas (and socket frames) still stream, header unknown (api/README.md)."""
+speech is small. The sockets' frames still stream, header unknown (api/README.md, "FLAC")."""
 WHOLE_FILE_PIECE = 64 * 1024
 """A whole file leaves in pieces of this many bytes, so `send_timeout_s` bounds each send, not the file's."""
 STREAMING_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -326,14 +327,15 @@ async def whole_body(data: bytes) -> AsyncIterator[bytes]:
         yield data[start:start + WHOLE_FILE_PIECE]
 
 
-async def sse_body(speech: SpeechStream) -> AsyncIterator[bytes]:
+async def sse_body(speech: SpeechStream, whole: bytes | None = None) -> AsyncIterator[bytes]:
     """`stream_format: "sse"`: `speech.audio.delta` events (base64), each followed by `speech.progress` and
     the `speech.word`s it completed when asked, then `speech.subtitles` when asked and `speech.audio.done`
-    with usage. The type is inside each JSON object (no `event:` lines) and there is no `[DONE]`."""
+    with usage. The type is inside each JSON object (no `event:` lines) and there is no `[DONE]`. `whole`: the
+    file `SpeechStream.whole_file` made, sent in `WHOLE_FILE_PIECE` deltas (no progress event but the last)."""
     try:
-        async for piece in speech.audio_pieces():
+        async for piece in speech.audio_pieces() if whole is None else whole_body(whole):
             yield _sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode("ascii")})
-            if (progress := speech.progress_after_piece()) is not None:
+            if whole is None and (progress := speech.progress_after_piece()) is not None:
                 yield _sse_event({"type": "speech.progress", **progress})
             for word in _new_words(speech):
                 yield word
