@@ -91,7 +91,7 @@ def tiny0b6_cv_bf16() -> Path:
 
 def _converter_digest() -> str:
     h = hashlib.sha256(_builder_digest().encode())
-    for path in sorted((ROOT / "qwen3_tts_gguf" / "convert").glob("*.py")):
+    for path in sorted((ROOT / "qwen3_tts_gguf" / "convert").rglob("*.py")):
         h.update(path.read_bytes())
     return h.hexdigest()[:10]
 

@@ -27,7 +27,8 @@ running such files):
   and depthwise conv kernels F16 (ggml_conv_1d rounds its input to F16 for any kernel but BF16, so F32
   kernels give bit-identical audio at twice the size); the speaker encoder F32; the matrices of the
   code predictor and of the codec as `presets.LlamaStagesFormat` says (measured agreement in
-  `presets.LLAMA_STAGES_TYPES`).
+  `presets.LLAMA_STAGES_TYPES`), except the matrices whose input f16 cannot hold, which stay F32
+  (`f32_weights`: measured by `convert/precision/activation_ranges.py`, and upstream's 0.6B rule).
 - code_gen samples at temperature 1 whatever it is asked (libmtmd ignores the request's
   temperature), so the checkpoint's code-predictor temperature (`subtalker_temperature`) is baked
   into its heads (logits / T: HF's temperature-then-top-k-then-top-p order; greedy unchanged) and
@@ -47,6 +48,7 @@ import gguf
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint, ModelConfig
+from qwen3_tts_gguf.convert.precision.activation_ranges import ActivationRanges, keep_f32
 from qwen3_tts_gguf.convert.presets import LLAMA_STAGES_TYPES, LlamaStagesFormat
 from qwen3_tts_gguf.convert.random_checkpoint import speaker_encoder_shapes
 
@@ -92,6 +94,11 @@ def unsupported_reason(cfg: ModelConfig) -> str | None:
     return None
 
 
+def f32_weights(ranges: ActivationRanges, fmt: LlamaStagesFormat) -> frozenset[str]:
+    """The code predictor's and the codec's weights (checkpoint names) the file keeps F32 at `fmt`."""
+    return keep_f32(ranges, fmt.code_predictor, "code_predictor") | keep_f32(ranges, fmt.codec, "codec")
+
+
 def sampling_temperature(ckpt: Checkpoint) -> float:
     """The code predictor's sampling temperature baked into the heads: generation_config.json's
     `subtalker_temperature` (1 where it is absent or not a positive number)."""
@@ -135,21 +142,27 @@ def metadata(ckpt: Checkpoint) -> dict[str, bool | str | int | float]:
 class _Plan:
     """The file's tensors in order, each typed by its role."""
 
-    def __init__(self, fmt: LlamaStagesFormat):
+    def __init__(self, fmt: LlamaStagesFormat, keep: frozenset[str]):
         for part, value in (("code_predictor", fmt.code_predictor), ("codec", fmt.codec)):
             if value not in LLAMA_STAGES_TYPES:
                 raise ValueError(f"llama stages {part} type {value!r}; choose one of {', '.join(LLAMA_STAGES_TYPES)}")
-        self.fmt = fmt
+        self.fmt, self.keep = fmt, keep
         self.tensors: list[PlannedTensor] = []
 
-    def add(self, name: str, shape: tuple[int, ...], load: Callable[[], np.ndarray], matrix_type: str = "F32") -> None:
-        """A tensor; `matrix_type` applies to 2-D and larger ones, vectors are always F32."""
+    def add(self, name: str, shape: tuple[int, ...], load: Callable[[], np.ndarray], matrix_type: str = "F32",
+            sources: tuple[str, ...] = ()) -> None:
+        """A tensor; `matrix_type` applies to 2-D and larger ones, vectors are always F32, and so is a
+        tensor made of a checkpoint weight (`sources`) the plan keeps F32."""
+        if not self.keep.isdisjoint(sources):
+            matrix_type = "F32"
         self.tensors.append(PlannedTensor(name, tuple(shape), matrix_type if len(shape) > 1 else "F32", load))
 
 
-def plan_llama_stages(ckpt: Checkpoint, fmt: LlamaStagesFormat) -> tuple[list[PlannedTensor], str]:
-    """Every tensor of the file, in order, and which speaker encoder it carries ("real" | "dummy")."""
-    plan = _Plan(fmt)
+def plan_llama_stages(ckpt: Checkpoint, fmt: LlamaStagesFormat, keep: frozenset[str] = frozenset()
+                      ) -> tuple[list[PlannedTensor], str]:
+    """Every tensor of the file, in order, and which speaker encoder it carries ("real" | "dummy");
+    `keep`: the checkpoint weights kept F32 (`f32_weights`)."""
+    plan = _Plan(fmt, keep)
     real = ckpt.config.model_type == "base"
     if real:
         _plan_speaker_encoder(plan, ckpt.weights.shape_of, ckpt.weights.__getitem__)
@@ -196,12 +209,12 @@ def _plan_code_predictor(plan: _Plan, ckpt: Checkpoint) -> None:
     p = "talker.code_predictor."
 
     def copy(dst: str, src: str, matrix_type: str = mat) -> None:
-        plan.add(dst, w.shape_of(src), lambda: w[src], matrix_type)
+        plan.add(dst, w.shape_of(src), lambda: w[src], matrix_type, (src,))
 
     def stacked(dst: str, src: str, divisor: float = 1.0) -> None:  # 15 per-codebook tables as [15, rows, width]
         names = [src.format(i) for i in range(N_ACOUSTIC)]
         plan.add(dst, (N_ACOUSTIC, *w.shape_of(names[0])),
-                 lambda: np.stack([w[n] for n in names]) / np.float32(divisor), mat)
+                 lambda: np.stack([w[n] for n in names]) / np.float32(divisor), mat, tuple(names))
 
     if cfg.has_mtp_projection:  # absent where the talker and the code predictor are as wide (0.6B)
         copy("a.gen.code.proj_in.weight", p + "small_to_mtp_projection.weight")
@@ -224,7 +237,7 @@ def _plan_codec(plan: _Plan, ckpt: Checkpoint) -> None:
     cfg, w, mat = ckpt.config.codec, ckpt.codec_weights, plan.fmt.codec.upper()
 
     def copy(dst: str, src: str, matrix_type: str = mat) -> None:
-        plan.add(dst, w.shape_of("decoder." + src), lambda: w["decoder." + src], matrix_type)
+        plan.add(dst, w.shape_of("decoder." + src), lambda: w["decoder." + src], matrix_type, ("decoder." + src,))
 
     def conv(dst: str, src: str) -> None:  # ggml_conv_1d(_dw) kernels: F16 (see the module docstring)
         copy(dst + ".weight", src + ".weight", "F16")
@@ -300,10 +313,12 @@ _ADD = {bool: gguf.GGUFWriter.add_bool, str: gguf.GGUFWriter.add_string, int: gg
         float: gguf.GGUFWriter.add_float32}
 
 
-def write_llama_stages(ckpt: Checkpoint, path: Path, fmt: LlamaStagesFormat) -> dict:
-    """Write the llama stages file at `path`; returns the manifest's `llama_stages` entry. The caller
-    checks `unsupported_reason` first (libmtmd would not load the file otherwise)."""
-    tensors, speaker = plan_llama_stages(ckpt, fmt)
+def write_llama_stages(ckpt: Checkpoint, path: Path, fmt: LlamaStagesFormat, keep: frozenset[str] = frozenset()
+                       ) -> dict:
+    """Write the llama stages file at `path`, the weights `keep` (`f32_weights`) F32; returns the manifest's
+    `llama_stages` entry. The caller checks `unsupported_reason` first (libmtmd would not load the file
+    otherwise)."""
+    tensors, speaker = plan_llama_stages(ckpt, fmt, keep)
     writer = gguf.GGUFWriter(str(path), "clip")
     try:
         for key, value in metadata(ckpt).items():
@@ -322,4 +337,4 @@ def write_llama_stages(ckpt: Checkpoint, path: Path, fmt: LlamaStagesFormat) -> 
     finally:
         writer.close()
     return {"temperature": sampling_temperature(ckpt), "code_predictor": fmt.code_predictor, "codec": fmt.codec,
-            "speaker_encoder": speaker}
+            "speaker_encoder": speaker, "f32_weights": sorted(keep)}

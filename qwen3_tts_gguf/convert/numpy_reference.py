@@ -4,6 +4,8 @@ converted graphs. Float64 by default, so they serve as the truth for fp32 graphs
 `decoder_stack` runs a talker ("talker.model") or code-predictor ("talker.code_predictor.model")
 stack over a sequence of input rows with full causal attention and returns the post-final-norm
 hidden states; `code_predictor_logits` builds the teacher-forced code-predictor forward on it.
+Each forward takes `observe(name, x)`, called with every matrix product's input `x` and the checkpoint
+name of its weight (`convert/precision/activation_ranges.py` measures activation ranges with it).
 
 `decode_codes(weights, cfg, codes)` is the 12 Hz codec decoder's (code2wav) whole-utterance forward:
 it reads the speech tokenizer's `decoder.*` tensors directly and computes what the official
@@ -17,11 +19,25 @@ matmul per kernel tap, so the real shape decodes a few frames in seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig, ModelConfig, TransformerConfig
+
+Observer = Callable[[str, np.ndarray], None]
+"""observe(weight name, the input x of `x @ weight.T`)."""
+
+
+def _linear(read: Callable[[str], np.ndarray], name: str, x: np.ndarray, observe: Observer | None) -> np.ndarray:
+    """x @ read(name).T, `x` shown to `observe` first."""
+    if observe is not None:
+        observe(name, x)
+    return x @ read(name).T
+
+
+def _reader(weights: Mapping[str, np.ndarray], dtype) -> Callable[[str], np.ndarray]:
+    return lambda name: np.asarray(weights[name], dtype)
 
 
 def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -40,10 +56,15 @@ def _rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
 
 
 def decoder_stack(weights: Mapping[str, np.ndarray], prefix: str, cfg: TransformerConfig, rows: np.ndarray,
-                  positions: np.ndarray | None = None, dtype=np.float64) -> np.ndarray:
+                  positions: np.ndarray | None = None, dtype=np.float64, observe: Observer | None = None) -> np.ndarray:
     """Post-final-norm hidden states [..., T, D] of the stack `prefix` for input rows [..., T, D]."""
+    read = _reader(weights, dtype)
+
     def w(name: str) -> np.ndarray:
-        return np.asarray(weights[f"{prefix}.{name}"], dtype)
+        return read(f"{prefix}.{name}")
+
+    def mm(x: np.ndarray, name: str) -> np.ndarray:
+        return _linear(read, f"{prefix}.{name}", x, observe)
 
     x = np.asarray(rows, dtype)
     T = x.shape[-2]
@@ -53,9 +74,9 @@ def decoder_stack(weights: Mapping[str, np.ndarray], prefix: str, cfg: Transform
     for i in range(cfg.num_layers):
         p = f"layers.{i}"
         a = _rms_norm(x, w(f"{p}.input_layernorm.weight"), eps)
-        q = (a @ w(f"{p}.self_attn.q_proj.weight").T).reshape(*x.shape[:-1], cfg.num_heads, hd)
-        k = (a @ w(f"{p}.self_attn.k_proj.weight").T).reshape(*x.shape[:-1], cfg.num_kv_heads, hd)
-        v = (a @ w(f"{p}.self_attn.v_proj.weight").T).reshape(*x.shape[:-1], cfg.num_kv_heads, hd)
+        q = mm(a, f"{p}.self_attn.q_proj.weight").reshape(*x.shape[:-1], cfg.num_heads, hd)
+        k = mm(a, f"{p}.self_attn.k_proj.weight").reshape(*x.shape[:-1], cfg.num_kv_heads, hd)
+        v = mm(a, f"{p}.self_attn.v_proj.weight").reshape(*x.shape[:-1], cfg.num_kv_heads, hd)
         q = _rope(_rms_norm(q, w(f"{p}.self_attn.q_norm.weight"), eps), positions, cfg.rope_theta)
         k = _rope(_rms_norm(k, w(f"{p}.self_attn.k_norm.weight"), eps), positions, cfg.rope_theta)
         k, v = np.repeat(k, g, axis=-2), np.repeat(v, g, axis=-2)  # GQA: head h reads kv head h // g
@@ -63,31 +84,33 @@ def decoder_stack(weights: Mapping[str, np.ndarray], prefix: str, cfg: Transform
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         attn = np.einsum("...hts,...shd->...thd", probs, v).reshape(*x.shape[:-1], cfg.num_heads * hd)
-        x = x + attn @ w(f"{p}.self_attn.o_proj.weight").T
+        x = x + mm(attn, f"{p}.self_attn.o_proj.weight")
         h = _rms_norm(x, w(f"{p}.post_attention_layernorm.weight"), eps)
-        gate, up = h @ w(f"{p}.mlp.gate_proj.weight").T, h @ w(f"{p}.mlp.up_proj.weight").T
-        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w(f"{p}.mlp.down_proj.weight").T
+        gate, up = mm(h, f"{p}.mlp.gate_proj.weight"), mm(h, f"{p}.mlp.up_proj.weight")
+        x = x + mm(gate / (1.0 + np.exp(-gate)) * up, f"{p}.mlp.down_proj.weight")
     return _rms_norm(x, w("norm.weight"), eps)
 
 
 def code_predictor_logits(weights: Mapping[str, np.ndarray], config: ModelConfig, hidden: np.ndarray,
-                          code0: int, codes: Sequence[int], dtype=np.float64) -> np.ndarray:
-    """Teacher-forced code-predictor logits [15, vocab] for one frame.
+                          code0: int | np.ndarray, codes: Sequence[int] | np.ndarray, dtype=np.float64,
+                          observe: Observer | None = None) -> np.ndarray:
+    """Teacher-forced code-predictor logits [..., 15, vocab] for one frame or a batch of frames.
 
-    hidden: the talker's post-norm hidden state [H] that produced code0; codes: codebooks 1..14
-    (a 15th is ignored) fed as the inputs of steps 2..15. Row j predicts codebook j+1.
+    hidden: the talker's post-norm hidden state [..., H] that produced code0 (an int or [...]); codes:
+    codebooks 1..14 [..., 14] (a 15th is ignored) fed as the inputs of steps 2..15. Row j predicts
+    codebook j+1.
     """
-    def w(name: str) -> np.ndarray:
-        return np.asarray(weights[name], dtype)
-
-    cp = "talker.code_predictor"
-    rows = [hidden, weights["talker.model.codec_embedding.weight"][int(code0)]]
-    rows += [weights[f"{cp}.model.codec_embedding.{j}.weight"][int(c)] for j, c in enumerate(codes[:14])]
-    x = np.stack([np.asarray(r, dtype) for r in rows])
+    cp, read = "talker.code_predictor", _reader(weights, dtype)
+    code0, codes = np.asarray(code0, np.int64), np.asarray(codes, np.int64)
+    rows = [hidden, weights["talker.model.codec_embedding.weight"][code0]]
+    rows += [weights[f"{cp}.model.codec_embedding.{j}.weight"][codes[..., j]] for j in range(14)]
+    x = np.stack([np.asarray(r, dtype) for r in rows], axis=-2)
     if config.has_mtp_projection:
-        x = x @ w(f"{cp}.small_to_mtp_projection.weight").T + w(f"{cp}.small_to_mtp_projection.bias")
-    out = decoder_stack(weights, f"{cp}.model", config.code_predictor, x, dtype=dtype)
-    return np.stack([out[j + 1] @ w(f"{cp}.lm_head.{j}.weight").T for j in range(15)])
+        x = (_linear(read, f"{cp}.small_to_mtp_projection.weight", x, observe)
+             + read(f"{cp}.small_to_mtp_projection.bias"))
+    out = decoder_stack(weights, f"{cp}.model", config.code_predictor, x, dtype=dtype, observe=observe)
+    return np.stack([_linear(read, f"{cp}.lm_head.{j}.weight", out[..., j + 1, :], observe)
+                     for j in range(15)], axis=-2)
 
 
 # -- the codec decoder -----------------------------------------------------------------------------
@@ -144,11 +167,15 @@ def _rope_tables(cfg: CodecDecoderConfig, n: int, dtype) -> tuple[np.ndarray, np
     return np.cos(emb), np.sin(emb)
 
 
-def _transformer(w, cfg: CodecDecoderConfig, x: np.ndarray) -> np.ndarray:
+def _transformer(w, cfg: CodecDecoderConfig, x: np.ndarray, observe: Observer | None = None) -> np.ndarray:
     """pre_transformer on x [T, latent] -> [T, latent]; causal attention within the sliding window."""
     p = "decoder.pre_transformer."
     n, heads, hd = x.shape[0], cfg.num_heads, cfg.head_dim
-    h = x @ w(p + "input_proj.weight").T + w(p + "input_proj.bias")
+
+    def mm(y: np.ndarray, name: str) -> np.ndarray:
+        return _linear(w, p + name, y, observe)
+
+    h = mm(x, "input_proj.weight") + w(p + "input_proj.bias")
     cos, sin = _rope_tables(cfg, n, x.dtype)
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     visible = (j <= i) & (j > i - cfg.sliding_window)
@@ -157,9 +184,9 @@ def _transformer(w, cfg: CodecDecoderConfig, x: np.ndarray) -> np.ndarray:
         return t * cos + np.concatenate([-t[..., hd // 2:], t[..., : hd // 2]], axis=-1) * sin
 
     for layer in range(cfg.num_layers):
-        q = f"{p}layers.{layer}."
+        q, layer_name = f"{p}layers.{layer}.", f"layers.{layer}."
         a = _rms_norm(h, w(q + "input_layernorm.weight"), cfg.rms_norm_eps)
-        qs, ks, vs = ((a @ w(f"{q}self_attn.{name}_proj.weight").T).reshape(n, -1, hd).transpose(1, 0, 2)
+        qs, ks, vs = (mm(a, f"{layer_name}self_attn.{name}_proj.weight").reshape(n, -1, hd).transpose(1, 0, 2)
                       for name in ("q", "k", "v"))
         qs, ks = rope(qs), rope(ks)
         kv_rep = heads // ks.shape[0]
@@ -167,14 +194,15 @@ def _transformer(w, cfg: CodecDecoderConfig, x: np.ndarray) -> np.ndarray:
         scores = np.where(visible, qs @ ks.transpose(0, 2, 1) / math.sqrt(hd), -np.inf)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
-        attn = (probs @ vs).transpose(1, 0, 2).reshape(n, heads * hd) @ w(q + "self_attn.o_proj.weight").T
+        attn = mm((probs @ vs).transpose(1, 0, 2).reshape(n, heads * hd), layer_name + "self_attn.o_proj.weight")
         h = h + w(q + "self_attn_layer_scale.scale") * attn
         m = _rms_norm(h, w(q + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
-        gate = m @ w(q + "mlp.gate_proj.weight").T
-        mlp = (gate / (1.0 + np.exp(-gate)) * (m @ w(q + "mlp.up_proj.weight").T)) @ w(q + "mlp.down_proj.weight").T
+        gate = mm(m, layer_name + "mlp.gate_proj.weight")
+        mlp = mm(gate / (1.0 + np.exp(-gate)) * mm(m, layer_name + "mlp.up_proj.weight"),
+                 layer_name + "mlp.down_proj.weight")
         h = h + w(q + "mlp_layer_scale.scale") * mlp
     h = _rms_norm(h, w(p + "norm.weight"), cfg.rms_norm_eps)
-    return h @ w(p + "output_proj.weight").T + w(p + "output_proj.bias")
+    return mm(h, "output_proj.weight") + w(p + "output_proj.bias")
 
 
 def _convnext(w, prefix: str, x: np.ndarray) -> np.ndarray:
@@ -187,20 +215,17 @@ def _convnext(w, prefix: str, x: np.ndarray) -> np.ndarray:
     return x + y.T
 
 
-def decode_codes(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, codes: np.ndarray,
-                 dtype=np.float64) -> np.ndarray:
-    """Whole-utterance decode of codes [T, num_quantizers] -> wav [T*samples_per_frame] in `dtype`.
-
-    `weights` maps the speech tokenizer's tensor names (`decoder.*`) to arrays. Negative codes
-    (padding) count as 0, as the official wrapper clamps them; codes >= codebook_size are refused."""
+def codec_transformer(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, codes: np.ndarray,
+                      dtype=np.float64, observe: Observer | None = None) -> np.ndarray:
+    """The first steps of `decode_codes`: codes [T, num_quantizers] -> dequantised, pre_conv, through the
+    transformer: [latent, T]."""
     codes = np.maximum(np.asarray(codes, dtype=np.int64), 0)
     if codes.ndim != 2 or codes.shape[1] != cfg.num_quantizers or codes.shape[0] < 1:
         raise ValueError(f"codes must be [T>=1, {cfg.num_quantizers}], got {list(codes.shape)}")
     if codes.max() >= cfg.codebook_size:
         raise ValueError(f"codes must be < {cfg.codebook_size}, got {int(codes.max())}")
 
-    def w(name: str) -> np.ndarray:
-        return np.asarray(weights[name], dtype=dtype)
+    w = _reader(weights, dtype)
 
     def lookup(part: str, k: int, idx: np.ndarray) -> np.ndarray:
         cb = f"decoder.quantizer.{part}.vq.layers.{k}._codebook."
@@ -213,7 +238,17 @@ def decode_codes(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, cod
          + w("decoder.quantizer.rvq_rest.output_proj.weight")[:, :, 0] @ ac.T)
     # (2) pre_conv, (3) transformer
     x = _causal_conv(z, w("decoder.pre_conv.conv.weight"), w("decoder.pre_conv.conv.bias"))
-    x = _transformer(w, cfg, x.T).T
+    return _transformer(w, cfg, x.T, observe).T
+
+
+def decode_codes(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, codes: np.ndarray,
+                 dtype=np.float64) -> np.ndarray:
+    """Whole-utterance decode of codes [T, num_quantizers] -> wav [T*samples_per_frame] in `dtype`.
+
+    `weights` maps the speech tokenizer's tensor names (`decoder.*`) to arrays. Negative codes
+    (padding) count as 0, as the official wrapper clamps them; codes >= codebook_size are refused."""
+    w = _reader(weights, dtype)
+    x = codec_transformer(weights, cfg, codes, dtype)
     # (4) upsampling: ConvTranspose k=s (no trim) + ConvNeXt
     for u, factor in enumerate(cfg.upsampling_ratios):
         q = f"decoder.upsample.{u}."

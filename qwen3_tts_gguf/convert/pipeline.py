@@ -10,6 +10,10 @@ next conversion to the same target puts back (target missing) or deletes.
 file existed that file alone: written beside the others under a hidden name, checked, renamed in, then
 the manifest replaced (a temporary file renamed over it). Until that last rename the folder is the
 model it was.
+
+Before any reduced-precision file is written, each matrix product's input range is measured on the
+checkpoint's own weights (`precision/activation_ranges.py`); the weights whose input a file's format
+could not take stay f32 there, and the manifest's `activations` lists them with their peaks.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from tqdm import tqdm
 
 from qwen3_tts_gguf import __version__
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint, CheckpointError
-from qwen3_tts_gguf.convert.llama_stages import unsupported_reason, write_llama_stages
+from qwen3_tts_gguf.convert.llama_stages import f32_weights, unsupported_reason, write_llama_stages
 from qwen3_tts_gguf.convert.onnx_builder import save_model, save_model_sharing_weights
+from qwen3_tts_gguf.convert.precision.activation_ranges import ActivationRanges, keep_f32, measure
 from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictors
 from qwen3_tts_gguf.convert.presets import (
     CP_BLOCK_SIZE,
@@ -55,8 +60,10 @@ from qwen3_tts_gguf.model.manifest import (
     load_manifest,
     sha256_file,
 )
+from qwen3_tts_gguf.model.embeddings import EmbeddingTables
+from qwen3_tts_gguf.model.prompt import PromptBuilder
 from qwen3_tts_gguf.model.safetensors_io import SafetensorsFile
-from qwen3_tts_gguf.model.tokenizer import TOKENIZER_FILES, official_pretokenizer
+from qwen3_tts_gguf.model.tokenizer import TOKENIZER_FILES, TextTokenizer, official_pretokenizer
 
 _SIZES = {"0b6": "0.6b", "1b7": "1.7b"}
 
@@ -168,9 +175,10 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
     name = name or out_dir.name
     tmp = _side_dir(out_dir, "partial")
     tmp.mkdir(parents=True)
-    stages = ["talker", "text tables", "code predictor", "codec decoder", "llama stages", "tokenizer", "self-check"]
+    stages = ["text tables", "activation ranges", "talker", "code predictor", "codec decoder", "llama stages",
+              "tokenizer", "self-check"]
     if ckpt.config.model_type == "base":
-        stages.insert(4, "voice encoders")
+        stages.insert(5, "voice encoders")
     no_stages = unsupported_reason(ckpt.config)
     bar = tqdm(total=len(stages), desc=f"convert {name}", unit="stage", disable=not show_progress)
     started = time.monotonic()
@@ -178,12 +186,20 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         def stage(label: str) -> None:
             bar.set_postfix_str(label, refresh=False)
 
-        stage("talker")
-        write_talker_gguf(ckpt, tmp / TALKER_FILE, quant, name=name, threads=threads,
-                          progress=lambda t: bar.set_postfix_str(f"talker {t}", refresh=False))
-        bar.update()
         stage("text tables")
         write_text_tables(ckpt, tmp / TEXT_TABLES_FILE)
+        bar.update()
+        stage("activation ranges")
+        manifest = build_manifest(ckpt, quant, name)
+        ranges = measure(ckpt, prompt_builder(ckpt.path, manifest, tmp / TEXT_TABLES_FILE))
+        kept = {TALKER_FILE: keep_f32(ranges, quant, "talker"),
+                PREDICTOR_FILE: keep_f32(ranges, cp_precision, "code_predictor")}
+        if not no_stages:
+            kept[LLAMA_STAGES_FILE] = f32_weights(ranges, llama_stages)
+        bar.update()
+        stage("talker")
+        write_talker_gguf(ckpt, tmp / TALKER_FILE, quant, name=name, threads=threads, keep=kept[TALKER_FILE],
+                          progress=lambda t: bar.set_postfix_str(f"talker {t}", refresh=False))
         bar.update()
         stage("code predictor")
         # its weights beside the graph: ONNX Runtime maps that file, its MatMul kernels pack their own
@@ -191,7 +207,8 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         # gains nothing this way: its convolutions read the weights at every call); then the CPU's graph,
         # fused attention on those same weights (manifest.PREDICTOR_CPU_FILE)
         portable, cpu = quantize_code_predictors(
-            [build_code_predictor(ckpt), build_code_predictor(ckpt, attention="standard")], cp_precision, cp_block_size)
+            [build_code_predictor(ckpt), build_code_predictor(ckpt, attention="standard")], cp_precision, cp_block_size,
+            kept[PREDICTOR_FILE])
         save_model(portable, tmp / PREDICTOR_FILE, external=True)
         save_model_sharing_weights(cpu, tmp / PREDICTOR_CPU_FILE, tmp / PREDICTOR_FILE)
         bar.update()
@@ -210,13 +227,13 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
             bar.update()
         stage("llama stages")
         stages_entry = ({"missing": no_stages} if no_stages else
-                        write_llama_stages(ckpt, tmp / LLAMA_STAGES_FILE, llama_stages))
+                        write_llama_stages(ckpt, tmp / LLAMA_STAGES_FILE, llama_stages, kept[LLAMA_STAGES_FILE]))
         bar.update()
         stage("tokenizer")
         for f in TOKENIZER_FILES:
             shutil.copy(ckpt.path / f, tmp / f)
-        manifest = build_manifest(ckpt, quant, name)
         manifest.llama_stages = stages_entry
+        manifest.activations = ranges.report(kept)
         manifest.code_predictor["precision"] = cp_precision
         if cp_precision != "fp32":
             manifest.code_predictor["block_size"] = cp_block_size
@@ -240,6 +257,7 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         print(f"converted {ckpt.path} -> {out_dir} ({quant}) in {time.monotonic() - started:.1f} s")
         if no_stages:
             print(f"no {LLAMA_STAGES_FILE} (the ONNX Runtime stages only): {no_stages}")
+        _print_activations(ranges, kept)
     return manifest
 
 
@@ -264,11 +282,13 @@ def add_llama_stages(hf_dir: str | Path, folder: str | Path, llama_stages: Llama
     started = time.monotonic()
     part = folder / f".{LLAMA_STAGES_FILE}.partial-{os.getpid()}"
     try:
-        entry = write_llama_stages(ckpt, part, fmt)
+        ranges = measure(ckpt, prompt_builder(folder, manifest, folder / TEXT_TABLES_FILE))
+        keep = f32_weights(ranges, fmt)
+        entry = write_llama_stages(ckpt, part, fmt, keep)
         if verify:
             from qwen3_tts_gguf.convert.verify import check_llama_stages
 
-            manifest.source.setdefault("self_check", {}).update(check_llama_stages(ckpt, part, fmt))
+            manifest.source.setdefault("self_check", {}).update(check_llama_stages(ckpt, part, fmt, keep))
         written = FileEntry(bytes=part.stat().st_size, sha256=sha256_file(part))
         if LLAMA_STAGES_FILE in manifest.files:  # replaced: the manifest forgets the old file first
             del manifest.files[LLAMA_STAGES_FILE]
@@ -279,11 +299,33 @@ def add_llama_stages(hf_dir: str | Path, folder: str | Path, llama_stages: Llama
         part.unlink(missing_ok=True)
     manifest.files = dict(sorted({**manifest.files, LLAMA_STAGES_FILE: written}.items()))
     manifest.llama_stages = entry
+    kept = {**{file: frozenset(weights) for file, weights in (manifest.activations or {}).get("kept_f32", {}).items()},
+            LLAMA_STAGES_FILE: keep}
+    manifest.activations = ranges.report(kept)
     _replace_manifest(folder, manifest)
     if show_progress:
         print(f"added {LLAMA_STAGES_FILE} to {folder} (code predictor {fmt.code_predictor}, codec {fmt.codec}) "
               f"in {time.monotonic() - started:.1f} s")
+        _print_activations(ranges, {LLAMA_STAGES_FILE: keep})
     return manifest
+
+
+def prompt_builder(tokenizer_dir: Path, manifest: Manifest, tables: Path) -> PromptBuilder:
+    """The prompts of a model being converted: its manifest, the tokenizer files in `tokenizer_dir`, its
+    text tables file."""
+    return PromptBuilder(manifest, TextTokenizer(tokenizer_dir, manifest.tokenizer["pretokenizer"]),
+                         EmbeddingTables(tables))
+
+
+def _print_activations(ranges: ActivationRanges, kept: dict[str, frozenset[str]]) -> None:
+    """The convert report's lines on activation ranges: the largest peaks, what each file keeps at f32."""
+    report = ranges.report(kept)
+    peaks = "; ".join(f"{stage} {max(found.values(), default=0):.4g}" for stage, found in report["largest_peaks"].items())
+    print(f"activation peaks ({report['measured']}): {peaks}")
+    for file, weights in report["kept_f32"].items():
+        if weights:
+            print(f"{file} keeps at f32 (their inputs leave its format's range): " + ", ".join(
+                f"{name} (peak {r['peak']:.4g}, {r['peak_to_median']:.4g}x the median)" for name, r in weights.items()))
 
 
 def _check_source(ckpt: Checkpoint, manifest: Manifest, folder: Path) -> None:
@@ -325,4 +367,4 @@ def _replace_manifest(folder: Path, manifest: Manifest) -> None:
         tmp.unlink(missing_ok=True)
 
 
-__all__ = ["convert_checkpoint", "add_llama_stages", "build_manifest"]
+__all__ = ["convert_checkpoint", "add_llama_stages", "build_manifest", "prompt_builder"]

@@ -31,6 +31,9 @@ ROPE_NODE = "rope_rotation"  # MatMuls by constant rotations: exact in fp32, nev
 INPUTS = ("hidden", "code0", "rand", "temperature", "top_k", "top_p", "greedy")
 ATTENTIONS = ("matmul", "gqa", "standard")
 STANDARD_ATTENTION_OPSET = 23  # Attention and RotaryEmbedding
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+"""The weights `_Stack.matmuls` registers side by side (they read one input), by the name it gives them."""
 
 
 def rope_tables(head_dim: int, theta: float, positions: np.ndarray, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +76,10 @@ class _Stack:
         return self.b.op("Split", self.b.op("MatMul", x, self._names[fused]), self.b.const(sizes), axis=-1,
                          outputs=len(names))
 
+    def fused(self, x: str, layer: str, name: str) -> list[str]:
+        """`matmuls` of the weights FUSED[name] of `layer`, registered as `layer`.`name`.weight."""
+        return self.matmuls(x, [f"{layer}.{part}.weight" for part in FUSED[name]], f"{layer}.{name}.weight")
+
     def rms_norm(self, x: str, name: str) -> str:
         return self.b.rms_norm(x, self.param(name), self.cfg.rms_norm_eps)
 
@@ -101,7 +108,7 @@ class _Stack:
         T = len(positions)
 
         a = self.rms_norm(x, f"{p}.input_layernorm.weight")
-        q, k, v = self.matmuls(a, [f"{p}.self_attn.{n}_proj.weight" for n in "qkv"], f"{p}.self_attn.qkv_proj.weight")
+        q, k, v = self.fused(a, p, "self_attn.qkv_proj")
         q = self.rms_norm(b.op("Reshape", q, b.const([0, T, c.num_heads, c.head_dim])), f"{p}.self_attn.q_norm.weight")
         k = self.rms_norm(b.op("Reshape", k, b.const([0, T, c.num_kv_heads, c.head_dim])), f"{p}.self_attn.k_norm.weight")
         attend = {"matmul": self.attention_matmul, "gqa": self.attention_gqa,
@@ -109,7 +116,7 @@ class _Stack:
         x = b.op("Add", x, self.matmul(attend(q, k, v, i, cache, positions), f"{p}.self_attn.o_proj.weight"))
 
         h = self.rms_norm(x, f"{p}.post_attention_layernorm.weight")
-        gate, up = self.matmuls(h, [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], f"{p}.mlp.gate_up_proj.weight")
+        gate, up = self.fused(h, p, "mlp.gate_up_proj")
         act = b.op("Mul", b.silu(gate), up)
         return b.op("Add", x, self.matmul(act, f"{p}.mlp.down_proj.weight"))
 
@@ -333,9 +340,19 @@ _NBITS = {"int8": 8, "int4": 4}
 NBITS_ACCURACY_LEVEL = 4  # int8 activations: ORT's fastest CPU kernels (AVX-512 VNNI / AVX2)
 
 
-def quantize_code_predictor(model: onnx.ModelProto, precision: str,
-                            block_size: int = CP_BLOCK_SIZE) -> onnx.ModelProto:
-    """The graph with every constant-weight MatMul as MatMulNBits (symmetric, `block_size` weights per scale)."""
+def _sources(weight: str) -> tuple[str, ...]:
+    """The checkpoint weights a graph weight is made of (several for a fused one)."""
+    for fused, parts in FUSED.items():
+        if weight.endswith(f".{fused}.weight"):
+            return tuple(weight.replace(fused, part) for part in parts)
+    return (weight,)
+
+
+def quantize_code_predictor(model: onnx.ModelProto, precision: str, block_size: int = CP_BLOCK_SIZE,
+                            keep: frozenset[str] = frozenset()) -> onnx.ModelProto:
+    """The graph with every constant-weight MatMul as MatMulNBits (symmetric, `block_size` weights per
+    scale), but those of the checkpoint weights `keep`: fp32 MatMuls, their inputs never quantized
+    (`convert/precision/activation_ranges.py`)."""
     if precision not in CP_PRECISIONS:
         raise ValueError(f"unknown code predictor precision {precision!r}; choose {', '.join(CP_PRECISIONS)}")
     if block_size not in CP_BLOCK_SIZES:
@@ -347,10 +364,11 @@ def quantize_code_predictor(model: onnx.ModelProto, precision: str,
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
-    rope = [n.name for n in model.graph.node if n.name.startswith(ROPE_NODE)]
+    excluded = [n.name for n in model.graph.node if n.name.startswith(ROPE_NODE)
+                or (n.op_type == "MatMul" and not keep.isdisjoint(_sources(n.input[1])))]
     quantizer = MatMulNBitsQuantizer(model, bits=_NBITS[precision], block_size=block_size,
                                      is_symmetric=True, accuracy_level=NBITS_ACCURACY_LEVEL,
-                                     nodes_to_exclude=rope)
+                                     nodes_to_exclude=excluded)
     quantizer.process()
     quantized = _half_tables(quantizer.model.model)
     for key, value in (("precision", precision), ("block_size", str(block_size))):
@@ -359,8 +377,8 @@ def quantize_code_predictor(model: onnx.ModelProto, precision: str,
     return quantized
 
 
-def quantize_code_predictors(graphs: list[onnx.ModelProto], precision: str,
-                             block_size: int = CP_BLOCK_SIZE) -> list[onnx.ModelProto]:
+def quantize_code_predictors(graphs: list[onnx.ModelProto], precision: str, block_size: int = CP_BLOCK_SIZE,
+                             keep: frozenset[str] = frozenset()) -> list[onnx.ModelProto]:
     """Graphs of one code predictor (the same weights, attention written differently) each quantized as
     `quantize_code_predictor` does, every weight once: ONNX Runtime's quantizer takes the first graph,
     and in the others each MatMul of a weight it quantized becomes a copy of its MatMulNBits node (0.6B
@@ -368,7 +386,7 @@ def quantize_code_predictors(graphs: list[onnx.ModelProto], precision: str,
     first, *rest = graphs
     # each MatMul's weight and name, read before the quantizer rewrites the graph
     source = {n.output[0]: (n.input[1], n.name) for n in first.graph.node if n.op_type == "MatMul"}
-    quantized = quantize_code_predictor(first, precision, block_size)
+    quantized = quantize_code_predictor(first, precision, block_size, keep)
     if precision == "fp32":
         return [quantized, *rest]
     done = {}  # weight name -> (its MatMulNBits node, the suffix the quantizer added to the MatMul's name)
@@ -378,7 +396,7 @@ def quantize_code_predictors(graphs: list[onnx.ModelProto], precision: str,
             done[weight] = (node, node.name.removeprefix(name))
     packed = {t.name: t for t in quantized.graph.initializer}
     # what the copies leave unquantized, if anything, the quantizer still takes
-    return [quantized, *(quantize_code_predictor(_reuse_quantized(g, done, packed), precision, block_size)
+    return [quantized, *(quantize_code_predictor(_reuse_quantized(g, done, packed), precision, block_size, keep)
                          for g in rest)]
 
 

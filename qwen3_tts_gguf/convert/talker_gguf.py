@@ -8,11 +8,14 @@ llama.cpp's own quantizer from a lossless intermediate (rows narrower than 256 m
 fall back to another type for those tensors). iq4_nl (4.5 bits per weight in blocks of 32, a
 non-linear grid) has repacked CPU kernels that make prefills and batched steps the fastest of the
 4-bit formats (`talker.REPACK_QUANTS`).
+Weights whose input the format could not take (`keep`, from `convert/precision/activation_ranges.py`)
+stay F32 in any format: written so, and named to llama.cpp's quantizer as tensor type overrides.
 """
 
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +30,7 @@ _DIRECT = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationTyp
            "bf16": gguf.GGMLQuantizationType.BF16}
 _LLAMA_FTYPE = {"q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "iq4_nl": 25}  # llama_ftype values
 _FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}
+_GGML_F32 = 0  # ggml_type
 
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -57,7 +61,7 @@ def tensor_map(ckpt: Checkpoint) -> dict[str, str]:
 
 
 def _write_direct(ckpt: Checkpoint, path: Path, quant: str, name: str,
-                  progress: Callable[[str], None] | None) -> None:
+                  progress: Callable[[str], None] | None, keep: frozenset[str]) -> None:
     t = ckpt.config.talker
     writer = gguf.GGUFWriter(str(path), "qwen3")
     writer.add_name(name)
@@ -79,7 +83,7 @@ def _write_direct(ckpt: Checkpoint, path: Path, quant: str, name: str,
     plan = []
     for gguf_name, src in tensor_map(ckpt).items():
         shape = ckpt.weights.shape_of(src)
-        if len(shape) == 1 or qtype == gguf.GGMLQuantizationType.F32:
+        if len(shape) == 1 or qtype == gguf.GGMLQuantizationType.F32 or src in keep:
             kind, dtype, nbytes = "f32", np.float32, 4
         elif qtype == gguf.GGMLQuantizationType.F16:
             kind, dtype, nbytes = "f16", np.float16, 2
@@ -104,7 +108,8 @@ def _write_direct(ckpt: Checkpoint, path: Path, quant: str, name: str,
     writer.close()
 
 
-def _llama_quantize(src: Path, dst: Path, quant: str, threads: int) -> None:
+def _llama_quantize(src: Path, dst: Path, quant: str, threads: int, keep: list[str]) -> None:
+    """llama.cpp's quantizer, the GGUF tensors `keep` left F32."""
     import llama_cpp
 
     from qwen3_tts_gguf.runtime.cpus import quiet_llama_logs
@@ -113,28 +118,34 @@ def _llama_quantize(src: Path, dst: Path, quant: str, threads: int) -> None:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = _LLAMA_FTYPE[quant]
     params.nthread = default_threads(threads)  # llama.cpp's own 0 would be every core of the machine
+    patterns = [f"^{re.escape(n)}$".encode() for n in keep]
+    overrides = (llama_cpp.llama_model_tensor_override * (len(keep) + 1))(  # ends at a null pattern
+        *[llama_cpp.llama_model_tensor_override(p, _GGML_F32) for p in patterns])
+    if keep:
+        params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise RuntimeError(f"llama.cpp failed to quantize the talker to {quant} (code {rc})")
 
 
 def write_talker_gguf(ckpt: Checkpoint, out_path: Path, quant: str, *, name: str = "qwen3-tts-talker",
-                      threads: int = 0, progress: Callable[[str], None] | None = None) -> None:
-    """Write the talker GGUF at `out_path` in `quant` (one of QUANTS)."""
+                      threads: int = 0, progress: Callable[[str], None] | None = None,
+                      keep: frozenset[str] = frozenset()) -> None:
+    """Write the talker GGUF at `out_path` in `quant` (one of QUANTS); the checkpoint weights `keep` F32."""
     if quant not in QUANTS:
         raise ValueError(f"unknown quant {quant!r}; choose one of {', '.join(QUANTS)}")
     out_path = Path(out_path)
     if quant in _DIRECT:
-        _write_direct(ckpt, out_path, quant, name, progress)
+        _write_direct(ckpt, out_path, quant, name, progress, keep)
         return
     # lossless intermediate: bf16 words when the source is bf16, else f32
     source_bf16 = ckpt.weights.dtype_of("talker.codec_head.weight") == "BF16"
     tmp = out_path.with_name(out_path.name + ".unquantized")
     try:
-        _write_direct(ckpt, tmp, "bf16" if source_bf16 else "f32", name, progress)
+        _write_direct(ckpt, tmp, "bf16" if source_bf16 else "f32", name, progress, keep)
         if progress:
             progress(f"quantizing to {quant}")
-        _llama_quantize(tmp, out_path, quant, threads)
+        _llama_quantize(tmp, out_path, quant, threads, [g for g, src in tensor_map(ckpt).items() if src in keep])
     finally:
         tmp.unlink(missing_ok=True)
 

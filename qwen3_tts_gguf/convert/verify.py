@@ -60,7 +60,7 @@ def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
     ref_hidden = decoder_stack(ckpt.weights, "talker.model", cfg.talker, rows, dtype=np.float32)[-1]
     ref_logits = ref_hidden @ ckpt.weights["talker.codec_head.weight"].T
     report["talker_logits_rel_rms"] = err = _rel_rms(logits[0], ref_logits)
-    if err > TALKER_REL_RMS[manifest.quant]:
+    if not err <= TALKER_REL_RMS[manifest.quant]:  # NaN too
         raise VerificationError(f"talker ({manifest.quant}) logits differ from the source weights: "
                                 f"relative RMS {err:.3g} > {TALKER_REL_RMS[manifest.quant]}")
 
@@ -85,13 +85,16 @@ def verify_conversion(ckpt: Checkpoint, folder: Path, seed: int = 0) -> dict:
     if LLAMA_STAGES_FILE in manifest.files:
         stages = manifest.llama_stages or {}
         fmt = LlamaStagesFormat(stages.get("code_predictor", ""), stages.get("codec", ""))
-        report.update(check_llama_stages(ckpt, folder / LLAMA_STAGES_FILE, fmt))
+        keep = frozenset(stages.get("f32_weights", ()))
+        report.update(check_llama_stages(ckpt, folder / LLAMA_STAGES_FILE, fmt, keep))
     return report
 
 
-def check_llama_stages(ckpt: Checkpoint, path: Path, fmt: LlamaStagesFormat) -> dict:
+def check_llama_stages(ckpt: Checkpoint, path: Path, fmt: LlamaStagesFormat, keep: frozenset[str] = frozenset()
+                       ) -> dict:
     """The llama stages file at `path` read back: metadata, every tensor's name, shape and type as
-    planned, and a few tensors (one per stage) equal to the source weights in the stored type."""
+    planned (`keep`: the weights kept F32), and a few tensors (one per stage) equal to the source weights
+    in the stored type."""
     import gguf
 
     from qwen3_tts_gguf.convert.llama_stages import metadata, plan_llama_stages
@@ -108,7 +111,7 @@ def check_llama_stages(ckpt: Checkpoint, path: Path, fmt: LlamaStagesFormat) -> 
             raise VerificationError(f"{name}: metadata {key} is {got!r}, expected {want!r}")
     if reader.get_field("clip.projector_type") is not None:
         raise VerificationError(f"{name} sets clip.projector_type (it would override both projector types)")
-    planned = {t.name: t for t in plan_llama_stages(ckpt, fmt)[0]}
+    planned = {t.name: t for t in plan_llama_stages(ckpt, fmt, keep)[0]}
     stored = {t.name: t for t in reader.tensors}
     if set(stored) != set(planned):
         raise VerificationError(f"{name}: tensors missing {sorted(set(planned) - set(stored))[:5]}, "
@@ -144,7 +147,7 @@ def _check_predictor(predictor, ckpt: Checkpoint, precision: str, h: np.ndarray,
     ref = code_predictor_logits(ckpt.weights, ckpt.config, h[0], code0, codes[0].tolist(), dtype=np.float32)
     err = _rel_rms(logits[0], ref)
     name = f"code predictor {file} ({precision})"
-    if err > PREDICTOR_REL_RMS[precision]:
+    if not err <= PREDICTOR_REL_RMS[precision]:  # NaN too
         raise VerificationError(f"{name} logits differ from the source weights: "
                                 f"relative RMS {err:.3g} > {PREDICTOR_REL_RMS[precision]}")
     if precision == "fp32":

@@ -64,6 +64,9 @@ class Manifest:
     # "code_predictor" / "codec": matrix types (f32 | f16), "speaker_encoder": "real" | "dummy"}; or
     # {"missing": why the folder has none}; None: converted before the file existed
     llama_stages: dict | None = None
+    # each matrix product's input range as measured at conversion and the weights each file keeps at f32 for
+    # it (convert/precision/activation_ranges.py: ActivationRanges.report); None: converted before that
+    activations: dict | None = None
     files: dict[str, FileEntry] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     converter_version: str = ""
@@ -71,11 +74,17 @@ class Manifest:
 
     @property
     def llama_stages_missing(self) -> str | None:
-        """Why this folder has no llama stages file, or None when it has one."""
-        if LLAMA_STAGES_FILE in self.files:
-            return None
-        return ((self.llama_stages or {}).get("missing")
-                or f"converted before {LLAMA_STAGES_FILE} existed; add it with `{ADD_LLAMA_STAGES}`")
+        """Why this folder has no llama stages file it may use, or None when it has one: a file with f16
+        matrices written before their inputs' ranges were measured may overflow (and abort) on published
+        weights (the 0.6B code predictor's does: convert/precision/activation_ranges.py)."""
+        stages = self.llama_stages or {}
+        if LLAMA_STAGES_FILE not in self.files:
+            return (stages.get("missing")
+                    or f"converted before {LLAMA_STAGES_FILE} existed; add it with `{ADD_LLAMA_STAGES}`")
+        if "f32_weights" not in stages and "f16" in (stages.get("code_predictor"), stages.get("codec")):
+            return (f"its f16 {LLAMA_STAGES_FILE} was written before activation ranges were measured (an f16 matrix "
+                    f"may overflow on published weights); write it again with `{ADD_LLAMA_STAGES} --force`")
+        return None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, ensure_ascii=False)

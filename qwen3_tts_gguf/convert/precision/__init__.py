@@ -1,0 +1,1 @@
+"""Which layers a reduced precision may take: activation ranges measured on a checkpoint's own weights."""
