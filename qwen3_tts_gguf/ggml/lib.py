@@ -49,7 +49,7 @@ _OPS = {
     "ggml_scale": [T, _f], "ggml_scale_bias": [T, _f, _f], "ggml_clamp": [T, _f, _f],
     "ggml_sin": [T], "ggml_sqr": [T], "ggml_silu": [T], "ggml_gelu_erf": [T], "ggml_step": [T], "ggml_log": [T],
     "ggml_rms_norm": [T, _f], "ggml_norm": [T, _f], "ggml_soft_max": [T], "ggml_soft_max_ext": [T, T, _f, _f],
-    "ggml_get_rows": [T, T], "ggml_sum_rows": [T], "ggml_cumsum": [T], "ggml_argsort": [T, _i],
+    "ggml_get_rows": [T, T], "ggml_sum_rows": [T], "ggml_cumsum": [T], "ggml_argsort": [T, _i], "ggml_top_k": [T, _i],
     "ggml_pad": [T, _i, _i, _i, _i], "ggml_ssm_conv": [T, T], "ggml_im2col": [T, T, _i, _i, _i, _i, _i, _i, _b, _i], "ggml_swiglu_split": [T, T], "ggml_cast": [T, _i], "ggml_argmax": [T],
 }
 _FUNCS = {
