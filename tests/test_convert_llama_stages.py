@@ -61,7 +61,7 @@ def test_convert_writes_the_file_and_lists_it_with_its_hash(realcodec_cv_exact):
     path = realcodec_cv_exact / LLAMA_STAGES_FILE
     assert entry.bytes == path.stat().st_size and entry.sha256 == sha256_file(path)
     assert manifest.llama_stages == {"temperature": 0.9, "code_predictor": "f32", "codec": "f32",
-                                     "speaker_encoder": "dummy"}
+                                     "speaker_encoder": "dummy", "f32_weights": []}
     assert manifest.llama_stages_missing is None
     assert manifest.source["self_check"]["llama_stages_tensors"] == 345
 
@@ -138,7 +138,7 @@ def test_the_default_preset_halves_the_code_predictor_and_a_base_model_brings_it
         realcodec_base_default):
     manifest = load_manifest(realcodec_base_default)
     assert manifest.llama_stages == {"temperature": 0.9, "code_predictor": "f16", "codec": "f32",
-                                     "speaker_encoder": "real"}
+                                     "speaker_encoder": "real", "f32_weights": []}
     _, tensors = _reader(realcodec_base_default)
     types = {n: t.tensor_type.name for n, t in tensors.items()}
     assert types["a.gen.code.blk.0.ffn_up.weight"] == types["a.gen.code.out_embd.weight"] == "F16"

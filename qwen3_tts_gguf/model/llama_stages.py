@@ -19,8 +19,11 @@ What the library does, and what follows here (measured: docs/gpu.md, *llama.cpp 
   On a CPU a call costs a whole window (seconds): `auto` never picks it there.
 - one context serves both stages of a model, one call at a time (its buffers are overwritten by the
   next call); on a GPU the device's lock is held too (`runtime/locks.py`), as the talker's decodes do.
-- the library aborts the process on a call of more than 72 frames or of fewer than 16 codes: both
-  are refused here before the call.
+- the library aborts the process on a call of more than 72 frames or of fewer than 16 codes, on a
+  code outside its table, and on a hidden state that is not finite (NaN logits, then an out-of-range
+  gather): all are refused here before the call (ValueError, which ends that stream alone). What the
+  weights could do (an f16 matrix whose input overflows) the converter prevents: such matrices stay F32
+  (`convert/precision/activation_ranges.py`; a file written before: `Manifest.llama_stages_missing`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 WINDOW = 72
 """Frames of one `code2wav` call (hard-coded in llama.cpp's graph)."""
 CODES_PER_FRAME = 16
+CODEBOOK_SIZE = 2048
+"""Codes per codebook of every published checkpoint (the codec's tables and the code predictor's heads)."""
 SAMPLES_PER_FRAME = 1920
 UINT32_MAX = 0xFFFFFFFF
 _MTMD_LOG_CALLBACK = None  # the library keeps a raw pointer: the ctypes callback must stay alive
@@ -129,8 +134,13 @@ class LlamaStages:
 
     def gen_code(self, hidden: np.ndarray, code0: int, *, top_k: int, top_p: float, seed: int
                  ) -> tuple[np.ndarray, np.ndarray]:
-        """One frame: its 16 codes (codebook 0 first) and the talker input row it makes."""
+        """One frame: its 16 codes (codebook 0 first) and the talker input row it makes. ValueError
+        for a hidden state that is not finite or a code0 outside [0, CODEBOOK_SIZE)."""
         hidden = np.ascontiguousarray(hidden, np.float32).reshape(-1)
+        if not np.isfinite(hidden).all():
+            raise ValueError("the talker's hidden state is not finite")
+        if not 0 <= code0 < CODEBOOK_SIZE:
+            raise ValueError(f"code0 must be in [0, {CODEBOOK_SIZE}), got {code0}")
         inp = self._mtmd.mtmd_gen_inp_default(self._ctx)
         inp.type = self._mtmd.MTMD_GEN_PROCESS_TYPE_GEN_CODE
         inp.code0 = int(code0)
@@ -146,6 +156,8 @@ class LlamaStages:
         codes = np.ascontiguousarray(codes, np.int32)
         if codes.ndim != 2 or codes.shape[1] != CODES_PER_FRAME or not 1 <= codes.shape[0] <= WINDOW:
             raise ValueError(f"codes must be [1-{WINDOW}, {CODES_PER_FRAME}], got {list(codes.shape)}")
+        if codes.min() < 0 or codes.max() >= CODEBOOK_SIZE:
+            raise ValueError(f"codes must be in [0, {CODEBOOK_SIZE}), got {int(codes.min())}..{int(codes.max())}")
         inp = self._mtmd.mtmd_gen_inp_default(self._ctx)
         inp.type = self._mtmd.MTMD_GEN_PROCESS_TYPE_GEN_WAV
         inp.codes = codes.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
@@ -163,7 +175,7 @@ class LlamaStages:
 class LlamaCodePredictor:
     """`CodePredictor.predict` on llama.cpp's `code_gen`: one call per frame, in row order."""
 
-    def __init__(self, stages: LlamaStages, hidden_size: int, codebook_size: int = 2048):
+    def __init__(self, stages: LlamaStages, hidden_size: int, codebook_size: int = CODEBOOK_SIZE):
         self.stages = stages
         self.hidden_size = hidden_size
         self.codebook_size = codebook_size
@@ -213,7 +225,7 @@ class LlamaCodec:
     runtime = "llama"
     max_call_frames = WINDOW  # every call costs a whole window: a seeded stream's grid (chunking.py) need not cut
 
-    def __init__(self, stages: LlamaStages, codebook_size: int = 2048):
+    def __init__(self, stages: LlamaStages, codebook_size: int = CODEBOOK_SIZE):
         self.stages = stages
         self.sample_rate = stages.sample_rate
         self.codebook_size = codebook_size

@@ -57,7 +57,7 @@ def resolve(cp_runtime: str, codec_runtime: str, manifest: Manifest, *, gpu_laye
     """Each stage's runtime for this folder: `auto` resolved (see the module docstring); llama.cpp asked
     of a folder without its llama stages file is a StageRuntimeError saying how to add it."""
     check_stage_runtimes(cp_runtime, codec_runtime, deterministic=deterministic)
-    has_stages = LLAMA_STAGES_FILE in manifest.files
+    has_stages = manifest.llama_stages_missing is None
     on_gpu = bool(gpu_layers) and onnx_device == "cpu" and not deterministic
     auto_llama = on_gpu and has_stages
     why = ("auto: the talker is on a GPU ONNX Runtime has no provider for" if on_gpu else "auto: ONNX Runtime")

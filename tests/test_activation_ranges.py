@@ -1,0 +1,263 @@
+"""Precision that survives the published weights (issue 47, item 5).
+
+The published 0.6B code predictor's `mlp.down_proj` input peaks at about 1.3e5, twice f16's range; random
+weights never come near. These tests plant such a spike: one intermediate channel of an MLP (the code
+predictor's first layer, and the talker's) has its gate and up rows scaled by s and its down_proj column by
+1/s^2, so the MLP's output keeps its size while down_proj's input reaches PEAK. The converter measures it
+(`convert/precision/activation_ranges.py`) and keeps those weights f32, and every format stays finite and
+within its stated agreement; written as before (nothing kept), the f16 talker gives NaN, the 8-bit
+activations (q8_0 talker, int8 code predictor) leave their agreement and the f16 llama stages file aborts the
+process (checked in a subprocess).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from qwen3_tts_gguf.convert import pipeline
+from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.llama_stages import f32_weights, write_llama_stages
+from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, decoder_stack
+from qwen3_tts_gguf.convert.pipeline import build_manifest, convert_checkpoint, prompt_builder
+from qwen3_tts_gguf.convert.precision.activation_ranges import (
+    F16_LIMIT,
+    F16_MAX,
+    ActivationRanges,
+    keep_f32,
+    measure,
+)
+from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
+from qwen3_tts_gguf.convert.presets import PRESETS, LlamaStagesFormat
+from qwen3_tts_gguf.convert.talker_gguf import gguf_tensor_types, write_talker_gguf
+from qwen3_tts_gguf.convert.text_tables import write_text_tables
+from qwen3_tts_gguf.convert.verify import PREDICTOR_REL_RMS, TALKER_REL_RMS, VerificationError, _rel_rms
+from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
+from qwen3_tts_gguf.model.safetensors_io import write_safetensors
+from qwen3_tts_gguf.model.sampler import SamplingParams, pack
+from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
+from tests.conftest import ROOT
+from tests.greedy_agreement import NEAR_TIE
+
+PEAK = 2e5
+"""down_proj's planted input peak on the measured prompts (the issue's reproduction planted ~2e5)."""
+PLANTED = ("talker.code_predictor.model", "talker.model")
+CHANNEL = 0
+CP_DOWN, TALKER_DOWN = (f"{stack}.layers.0.mlp.down_proj.weight" for stack in PLANTED)
+
+
+def measured(ckpt_dir: Path, work: Path) -> ActivationRanges:
+    """`measure` of a checkpoint folder, its text tables written into `work`."""
+    ckpt = Checkpoint.open(ckpt_dir)
+    manifest = build_manifest(ckpt, "f32", "measured")
+    write_text_tables(ckpt, work / "tables.safetensors")
+    return measure(ckpt, prompt_builder(ckpt_dir, manifest, work / "tables.safetensors"))
+
+
+def plant(src: Path, dst: Path) -> ActivationRanges:
+    """`src` with a massive activation planted in the first layer of the code predictor and of the talker
+    (the module docstring), written to `dst` (its other files linked); returns its measured ranges."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).symlink_to(f)
+    base = {n: np.array(w, np.float32) for n, w in Checkpoint.open(src).weights.items()}
+    scales = dict.fromkeys(PLANTED, 30.0)
+    for _ in range(2):  # once s * gate is large, down_proj's input grows as s^2: one correction lands on PEAK
+        weights = dict(base)
+        for stack, s in scales.items():
+            for leaf, where, factor in (("gate_proj", np.s_[CHANNEL], s), ("up_proj", np.s_[CHANNEL], s),
+                                        ("down_proj", np.s_[:, CHANNEL], 1 / s ** 2)):
+                name = f"{stack}.layers.0.mlp.{leaf}.weight"
+                weights[name] = base[name].copy()
+                weights[name][where] *= factor
+        (dst / "model.safetensors").unlink(missing_ok=True)
+        write_safetensors(dst / "model.safetensors", weights)
+        ranges = measured(dst, dst.parent)
+        scales = {stack: s * np.sqrt(PEAK / ranges.inputs[f"{stack}.layers.0.mlp.down_proj.weight"].peak)
+                  for stack, s in scales.items()}
+    return ranges
+
+
+@pytest.fixture(scope="module")
+def planted(checkpoint_factory, tmp_path_factory):
+    """name -> (planted checkpoint folder, its ranges) for tiny_cv and tiny_realcodec_cv."""
+    found = {}
+    for name in ("tiny_cv", "tiny_realcodec_cv"):
+        dst = tmp_path_factory.mktemp(name) / "checkpoint"
+        found[name] = dst, plant(checkpoint_factory(name), dst)
+    return found
+
+
+def test_measure_finds_the_planted_spike_and_random_weights_keep_nothing(planted, checkpoint_factory, tmp_path):
+    _, ranges = planted["tiny_cv"]
+    for name in (CP_DOWN, TALKER_DOWN):
+        assert ranges.inputs[name].peak == pytest.approx(PEAK, rel=0.01)
+    assert keep_f32(ranges, "f16") == {CP_DOWN, TALKER_DOWN}
+    assert keep_f32(ranges, "q8_0", "talker") == {TALKER_DOWN}
+    assert keep_f32(ranges, "int8", "code_predictor") == keep_f32(ranges, "int4", "code_predictor") == {CP_DOWN}
+    assert keep_f32(ranges, "bf16") == keep_f32(ranges, "f32") == keep_f32(ranges, "fp32") == frozenset()
+    random = measured(checkpoint_factory("tiny_cv"), tmp_path)
+    assert max(r.peak for r in random.inputs.values()) < F16_LIMIT / 100
+    for fmt in ("f16", "bf16", "q8_0", "q4_k_m", "iq4_nl", "int8", "int4"):
+        assert keep_f32(random, fmt) == frozenset(), fmt
+    assert keep_f32(ActivationRanges(random.inputs, model_size="0b6"), "f16") == {  # upstream's rule
+        f"talker.code_predictor.model.layers.{i}.mlp.down_proj.weight" for i in range(2)}
+
+
+@pytest.mark.parametrize("quant, fails_unkept", [("f16", True), ("q8_0", True), ("q4_k_m", False), ("iq4_nl", True)])
+def test_the_talker_keeps_the_layer_f32_and_agrees(planted, tmp_path, quant, fails_unkept):
+    """Kept: finite logits within the format's agreement. Written as before: f16 gives NaN, the 8-bit
+    activations of q8_0 and iq4_nl leave theirs (q4_k_m's looser bound still holds)."""
+    folder, ranges = planted["tiny_cv"]
+    ckpt = Checkpoint.open(folder)
+    rows = np.random.default_rng(0).standard_normal((6, ckpt.config.talker.hidden_size)).astype(np.float32)
+    reference = decoder_stack(ckpt.weights, "talker.model", ckpt.config.talker, rows)[-1] @ \
+        ckpt.weights["talker.codec_head.weight"].T
+
+    def error(keep: frozenset[str]) -> float:
+        path = tmp_path / f"{quant}-{len(keep)}.gguf"
+        write_talker_gguf(ckpt, path, quant, keep=keep)
+        assert (gguf_tensor_types(path)["blk.0.ffn_down.weight"] == "F32") == bool(keep)
+        talker = Talker(path, TalkerSettings(n_ctx=64, max_streams=1, deterministic=True))
+        try:
+            logits, _ = talker.decode([DecodeItem(0, 0, rows)])
+        finally:
+            talker.close()
+        return _rel_rms(logits[0], reference) if np.isfinite(logits).all() else float("inf")
+
+    assert error(keep_f32(ranges, quant, "talker")) <= TALKER_REL_RMS[quant]
+    assert (error(frozenset()) > TALKER_REL_RMS[quant]) == fails_unkept
+
+
+@pytest.mark.parametrize("precision, fails_unkept", [("int8", True), ("int4", False)])
+def test_the_code_predictor_keeps_the_matmul_fp32_and_agrees(planted, precision, fails_unkept):
+    """Kept: that MatMul reads fp32 inputs, the logits agree as the self-check asks. As before: int8 leaves
+    its agreement (int4's looser bound still holds)."""
+    folder, ranges = planted["tiny_cv"]
+    ckpt = Checkpoint.open(folder)
+    rng = np.random.default_rng(1)
+    hidden = rng.standard_normal((4, ckpt.config.talker.hidden_size)).astype(np.float32)
+    code0 = rng.integers(0, 2048, 4)
+    feeds = {"hidden": hidden, "code0": code0, "rand": np.zeros((4, 15), np.float32),
+             **pack(SamplingParams(greedy=True), 4)}
+
+    def error(keep: frozenset[str]) -> float:
+        graph = quantize_code_predictor(build_code_predictor(ckpt), precision, keep=keep)
+        fp32 = {n.input[1] for n in graph.graph.node if n.op_type == "MatMul"}
+        assert (CP_DOWN in fp32) == bool(keep)
+        session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+        logits, codes = session.run(["logits", "codes"], feeds)
+        with np.errstate(over="ignore"):  # SiLU's exp(-gate) of the planted channel: inf, its product 0
+            reference = code_predictor_logits(ckpt.weights, ckpt.config, hidden, code0, codes, np.float32)
+        return max(_rel_rms(logits[i], reference[i]) for i in range(4))
+
+    assert error(keep_f32(ranges, precision, "code_predictor")) <= PREDICTOR_REL_RMS[precision]
+    assert (error(frozenset()) > PREDICTOR_REL_RMS[precision]) == fails_unkept
+
+
+@pytest.mark.parametrize("quant, cp_precision", [("q8_0", "int8"), ("q4_k_m", "int4"), ("f16", "int8")])
+def test_a_planted_checkpoint_converts_and_the_manifest_lists_what_is_kept(planted, tmp_path, quant, cp_precision):
+    """The whole conversion (its self-check holds each file to its agreement) at the default and fast presets'
+    formats and an f16 talker; the manifest names the kept weights with their peaks."""
+    folder, _ = planted["tiny_cv"]
+    manifest = convert_checkpoint(folder, tmp_path / "model", quant, cp_precision=cp_precision, show_progress=False)
+    kept = manifest.activations["kept_f32"]
+    assert set(kept[TALKER_FILE]) == {TALKER_DOWN} and set(kept[PREDICTOR_FILE]) == {CP_DOWN}
+    assert kept[TALKER_FILE][TALKER_DOWN]["peak"] == pytest.approx(PEAK, rel=0.01)
+    assert manifest.activations["largest_peaks"]["code_predictor"][CP_DOWN] == pytest.approx(PEAK, rel=0.01)
+    assert load_manifest(tmp_path / "model").activations == manifest.activations
+
+
+def test_the_converter_as_it_was_fails_its_self_check_on_a_planted_checkpoint(planted, tmp_path, monkeypatch):
+    """Nothing kept (the converter before activation ranges): the int8 code predictor and the q8_0 talker
+    leave their agreement, and the self-check refuses the conversion."""
+    folder, _ = planted["tiny_cv"]
+    monkeypatch.setattr(pipeline, "keep_f32", lambda ranges, fmt, stage=None: frozenset())
+    with pytest.raises(VerificationError):
+        convert_checkpoint(folder, tmp_path / "model", "q8_0", cp_precision="int8", show_progress=False)
+
+
+_PROBE = """
+import json, sys
+import numpy as np
+from qwen3_tts_gguf.model.llama_stages import LlamaStages
+stages = LlamaStages(sys.argv[1], threads=1)
+inputs = np.load(sys.argv[2])
+hidden, code0 = inputs["hidden"], inputs["code0"]
+bad_hidden = hidden[0].copy()
+bad_hidden[3] = np.nan
+refused = []
+for name, call in (("nan hidden", lambda: stages.gen_code(bad_hidden, 5, top_k=1, top_p=1.0, seed=0)),
+                   ("code0 -1", lambda: stages.gen_code(hidden[0], -1, top_k=1, top_p=1.0, seed=0)),
+                   ("code0 2048", lambda: stages.gen_code(hidden[0], 2048, top_k=1, top_p=1.0, seed=0)),
+                   ("code 2048", lambda: stages.gen_wav(np.full((1, 16), 2048), None)),
+                   ("code -1", lambda: stages.gen_wav(np.full((1, 16), -1), None))):
+    try:
+        call()
+    except ValueError:
+        refused.append(name)
+codes = [stages.gen_code(h, int(c), top_k=1, top_p=1.0, seed=0)[0].tolist() for h, c in zip(hidden, code0)]
+print(json.dumps({"codes": codes, "refused": refused}))
+"""
+
+
+def _probe(stages_file: Path, inputs: Path) -> dict | None:
+    """What `_PROBE` reports on `stages_file` in a process of its own (a native abort ends only that one);
+    None when that process did not end cleanly."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(stages_file), str(inputs)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env=env)
+    return json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else None
+
+
+def test_the_f16_llama_stages_file_keeps_the_layer_f32_and_never_aborts(planted, tmp_path):
+    """The default preset's f16 code predictor (and the fast preset's f16 codec) in libmtmd's code_gen:
+    greedy codes equal the float64 reference's up to a near tie; the calls that would abort are refused
+    first. Written as before, the same call aborts the process (NaN, then an out-of-range gather)."""
+    folder, ranges = planted["tiny_realcodec_cv"]
+    ckpt = Checkpoint.open(folder)
+    fmt = LlamaStagesFormat(PRESETS["default"].llama_stages.code_predictor, PRESETS["fast"].llama_stages.codec)
+    assert fmt == LlamaStagesFormat("f16", "f16")
+    keep = f32_weights(ranges, fmt)
+    assert keep == {CP_DOWN}
+    rng = np.random.default_rng(2)
+    hidden, code0 = rng.standard_normal((4, ckpt.config.talker.hidden_size)).astype(np.float32), rng.integers(0, 2048, 4)
+    np.savez(tmp_path / "inputs.npz", hidden=hidden, code0=code0)
+
+    write_llama_stages(ckpt, tmp_path / LLAMA_STAGES_FILE, fmt, keep)
+    report = _probe(tmp_path / LLAMA_STAGES_FILE, tmp_path / "inputs.npz")
+    assert report is not None
+    assert report["refused"] == ["nan hidden", "code0 -1", "code0 2048", "code 2048", "code -1"]
+    spikes = ActivationRanges()
+    for h, c, codes in zip(hidden, code0, np.array(report["codes"])):
+        assert codes[0] == c
+        logits = code_predictor_logits(ckpt.weights, ckpt.config, h, c, codes[1:], observe=spikes.observe)
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        differ = logits.argmax(-1) != codes[1:]
+        assert (top2[differ, 1] - top2[differ, 0] < NEAR_TIE).all(), (codes[1:], logits.argmax(-1))
+    assert spikes.inputs[CP_DOWN].peak > F16_MAX  # these inputs do overflow f16
+
+    write_llama_stages(ckpt, tmp_path / "unkept.gguf", fmt)
+    assert _probe(tmp_path / "unkept.gguf", tmp_path / "inputs.npz") is None
+
+
+def test_random_weights_keep_nothing_in_a_converted_folder(realcodec_cv_default):
+    manifest = load_manifest(realcodec_cv_default)
+    assert manifest.llama_stages["f32_weights"] == []
+    assert all(not weights for weights in manifest.activations["kept_f32"].values())
+    assert set(manifest.activations["kept_f32"]) == {TALKER_FILE, PREDICTOR_FILE, LLAMA_STAGES_FILE}
+    assert manifest.llama_stages_missing is None
+    # a file of f16 matrices written before activation ranges were measured is not used
+    old = {key: value for key, value in manifest.llama_stages.items() if key != "f32_weights"}
+    manifest.llama_stages = old
+    assert "--only-llama-stages --force" in manifest.llama_stages_missing
+    manifest.llama_stages = {**old, "code_predictor": "f32", "codec": "f32"}
+    assert manifest.llama_stages_missing is None
