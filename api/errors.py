@@ -7,9 +7,10 @@ document lists no 422: `document_errors`; routes list their statuses with `error
 that is not UTF-8 is 400 `invalid_json`; one sent as something else than JSON (read as JSON all the
 same: `api/ops/middleware.read_as_json`) that is not JSON says what to send. A wrong method is 405
 with the path's `Allow`, also where the web console's mount at `/` would have answered 404 or its own 405.
-On ElevenLabs' speech and dialogue routes the body also carries ElevenLabs' own `"detail": {"status",
-"message"}` (`status`: the envelope's code), so clients written for either shape read it (`error_response`; the
-middleware's refusals too: a missing key, a body too large or too slow).
+On ElevenLabs' routes (`ELEVENLABS_PATHS`) the body also carries ElevenLabs' own `"detail": {"status",
+"message"}` (`status`: the envelope's code), so clients written for either shape read it, and `param` names
+ElevenLabs' field (`error_response`; the middleware's refusals too: a missing key, asked for as `xi-api-key`, a
+body too large or too slow); one of its routes not served here is 404 saying what to use instead.
 
 Retry semantics for the OpenAI SDK (it retries 408/409/429/5xx twice by default), decided here
 and nowhere else:
@@ -129,7 +130,8 @@ _VALIDATION_CODES = {
 
 
 def validation_error(exc: RequestValidationError) -> APIError:
-    """The first problem of a request body, as OpenAI words it ("Invalid value for 'speed': ...")."""
+    """The first problem of a request body, as OpenAI words it ("Invalid value for 'speed': ..."); `param` is
+    the field's path (`voice_settings.speed`, `inputs[2].text`)."""
     errors = exc.errors()
     if not errors:
         return invalid_request("Invalid request.")
@@ -138,7 +140,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     loc = list(first.get("loc", ()))
     if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
         loc = loc[1:]
-    param = str(loc[0]) if loc and isinstance(loc[0], str) else None
+    param = _field_path(loc)
     code = _VALIDATION_CODES.get(kind, "invalid_value")
     if kind == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
@@ -152,16 +154,85 @@ def validation_error(exc: RequestValidationError) -> APIError:
                            param=param, code=code)
 
 
+def _field_path(loc: Sequence[str | int]) -> str | None:
+    """`voice_settings.speed`, `inputs[2].text` of a pydantic location; None when it names no field. A union's
+    member tags (`VoiceRef`, `constrained-str`: not lower-case identifiers) are left out."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int) and path:
+            path += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier() and part.islower():
+            path += f".{part}" if path else part
+    return path or None
+
+
+# -- ElevenLabs' envelope ------------------------------------------------------------------------
+
+ELEVENLABS_PATHS = re.compile(
+    r"^(/elevenlabs/|/v2/voices(/|$)|/v1/(text-to-(speech|dialogue|voice|sound-effects)|voices|voice-generation|"
+    r"speech-to-(speech|text)|sound-generation|audio-isolation|audio-native|similar-voices|shared-voices|user|history|"
+    r"usage|workspace|dubbing|studio|projects|pronunciation-dictionaries|convai|forced-alignment|music|"
+    r"single-use-token)(/|$))")
+"""ElevenLabs' routes, served here or not (its resources, the `/elevenlabs` prefix): their errors carry ElevenLabs'
+`detail`, name ElevenLabs' fields and its key header, and a route not served says what to use instead."""
+ELEVENLABS_FIELDS = {"input": "text", "voice": "voice_id", "model": "model_id", "language": "language_code",
+                     "speed": "voice_settings.speed", "text_normalization": "apply_text_normalization"}
+"""A speech request's fields (`schemas.SpeechRequest`) as ElevenLabs' bodies name them."""
+ELEVENLABS_INSTEAD = (
+    ("POST", re.compile(r"/v1/voices/(add|pvc)(/.*)?"),
+     "a voice is cloned here with POST /v1/audio/voices (multipart: name, audio_sample: a clip of 1-30 s, "
+     "optional text: its transcript; a Base model must be served)"),
+    (None, re.compile(r"/v1/(text-to-voice|voice-generation)(/.*)?"),
+     "a voice is designed here with POST /v1/audio/voices (multipart: name, instructions: the description; "
+     "VoiceDesign and Base models must be served)"),
+    ("DELETE", re.compile(r"/v1/voices/[^/]+"), "a voice profile is deleted with DELETE /v1/audio/voices/{id}"),
+)
+"""(method or None: any, path, what to use instead) of ElevenLabs' routes this server has an answer for."""
+ELEVENLABS_SERVED = ("this server serves ElevenLabs' text to speech (POST /v1/text-to-speech/{voice_id}, /stream, "
+                     "/with-timestamps, /stream/with-timestamps; the stream-input and multi-stream-input sockets), "
+                     "text to dialogue (POST /v1/text-to-dialogue[/stream][/with-timestamps]) and the voice and "
+                     "model lists (GET /v1/voices, /v1/voices/{voice_id}, /v2/voices, /v1/models); its voices are "
+                     "made with POST /v1/audio/voices")
+
+
+def elevenlabs_route(scope: Mapping[str, Any]) -> bool:
+    """Whether the request (or socket) of `scope` is on one of ElevenLabs' routes."""
+    return bool(ELEVENLABS_PATHS.match(get_route_path(scope)))
+
+
+def elevenlabs_instead(method: str, path: str) -> str | None:
+    """What to use instead of ElevenLabs' `method` `path` (the route path, `/elevenlabs` too), where
+    `ELEVENLABS_INSTEAD` has it."""
+    route = path.removeprefix("/elevenlabs")
+    return next((text for wanted, pattern, text in ELEVENLABS_INSTEAD
+                 if wanted in (None, method) and pattern.fullmatch(route)), None)
+
+
+def elevenlabs_not_served(method: str, path: str) -> APIError:
+    """404 for ElevenLabs' `method` `path`, which this server does not serve, saying what to use instead."""
+    instead = elevenlabs_instead(method, path) or ELEVENLABS_SERVED
+    return APIError(f"ElevenLabs' {method} {path[:200]} is not served here: {instead}.", status_code=404,
+                    code="not_found")
+
+
+def no_key(scope: Mapping[str, Any], ways: Sequence[str] = ("'Authorization: Bearer <key>'",)) -> APIError:
+    """401 for a request or socket that presented no key, saying how to send one (`ways`): on ElevenLabs' routes
+    its own header first."""
+    if elevenlabs_route(scope):
+        ways = ("'xi-api-key: <key>'", *ways)
+    return unauthorized(f"You didn't provide an API key: send {', or '.join(ways)}.")
+
+
 # -- handlers ------------------------------------------------------------------------------------
 
 
-ELEVENLABS_SPEECH_PATHS = re.compile(r"^(/elevenlabs)?/v1/text-to-(speech|dialogue)(/|$)")
-"""ElevenLabs' speech and dialogue routes: their errors also carry ElevenLabs' `detail` (`APIError.response`)."""
-
-
 def error_response(scope: Mapping[str, Any], error: APIError) -> JSONResponse:
-    """`error`'s response to the request of `scope`: with ElevenLabs' `detail` on its speech and dialogue routes."""
-    return error.response(elevenlabs=bool(ELEVENLABS_SPEECH_PATHS.match(get_route_path(scope))))
+    """`error`'s response to the request of `scope`: on ElevenLabs' routes with ElevenLabs' `detail`, `param`
+    naming ElevenLabs' field (`ELEVENLABS_FIELDS`)."""
+    if not elevenlabs_route(scope):
+        return error.response()
+    error.param = ELEVENLABS_FIELDS.get(error.param or "", error.param)
+    return error.response(elevenlabs=True)
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -221,10 +292,13 @@ def method_not_allowed(method: str, allowed: Sequence[str]) -> APIError:
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if exc.status_code in (404, 405):
-        allowed = allowed_methods(request)
+        allowed, path = allowed_methods(request), get_route_path(request.scope)
+        if request.method not in allowed and elevenlabs_route(request.scope) and \
+                (not allowed or elevenlabs_instead(request.method, path)):  # (POST /v1/voices/add: not 405)
+            return error_response(request.scope, elevenlabs_not_served(request.method, path))
         if allowed and request.method not in allowed:
             return error_response(request.scope, method_not_allowed(request.method, allowed))
-        if not allowed and get_route_path(request.scope).startswith(API_PREFIXES):  # the console's mount said 405
+        if not allowed and path.startswith(API_PREFIXES):  # the console's mount said 405
             return error_response(request.scope, APIError(f"No API route at {request.url.path}.", status_code=404,
                                                    code="not_found"))
     if exc.status_code == 400 and exc.detail == _BODY_PARSE_ERROR:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -53,6 +54,17 @@ ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]  # = audio.
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 
 
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("empty_input", "the input text is empty")
+    return value
+
+
+SpokenText = Annotated[str, Field(max_length=MAX_INPUT_CHARS, json_schema_extra={"pattern": NOT_BLANK_PATTERN}),
+                       AfterValidator(_not_blank)]
+"""Text to speak: at most MAX_INPUT_CHARS characters, one of them outside WHITESPACE (every route that speaks)."""
+
+
 class VoiceRef(BaseModel):
     """OpenAI's custom-voice form of `voice`: {"id": "..."}."""
 
@@ -70,8 +82,7 @@ class SpeechRequest(BaseModel):
 
     model: Identifier = Field(description="a served model id, folder name or OpenAI alias (tts-1, ...)",
                               examples=["tts-1"])
-    input: str = Field(max_length=MAX_INPUT_CHARS, description="the text to speak (not blank)",
-                       json_schema_extra={"pattern": NOT_BLANK_PATTERN})
+    input: SpokenText = Field(description="the text to speak (not blank)")
     voice: Identifier | VoiceRef = Field(description='a speaker, an OpenAI voice name or a profile; or {"id": ...}',
                                          examples=["alloy"])
     instructions: str | None = Field(None, max_length=MAX_INSTRUCTIONS_CHARS)
@@ -107,13 +118,6 @@ class SpeechRequest(BaseModel):
         if isinstance(value, str) or (isinstance(value, dict) and set(value) == {"id"}):
             return value
         raise PydanticCustomError("voice_type", 'expected a voice name or {"id": "<voice id>"}')
-
-    @field_validator("input")
-    @classmethod
-    def _has_text(cls, value: str) -> str:
-        if not value.strip():
-            raise PydanticCustomError("empty_input", "the input text is empty")
-        return value
 
     @property
     def voice_id(self) -> str:

@@ -201,9 +201,9 @@ TWO = [{"text": "One.", "voice_id": "ryan"}, {"text": "Two.", "voice_id": "vivia
     ({"inputs": TWO, "model_id": "no-such-model"}, None, 404, "model_id", "model_not_found"),
     ({"inputs": TWO}, {"output_format": "wav_44100"}, 400, "output_format", "unsupported_output_format"),
     ({"inputs": TWO, "seed": -1}, None, 400, "seed", None),
-    ({"inputs": TWO, "settings": {"stability": 2}}, None, 400, "settings", None),
-    ({"inputs": [{"text": "x" * 4097, "voice_id": "ryan"}]}, None, 400, "inputs", "string_above_max_length"),
-    ({"inputs": [{"text": "Hi."}]}, None, 400, "inputs", "missing_required_parameter"),
+    ({"inputs": TWO, "settings": {"stability": 2}}, None, 400, "settings.stability", None),
+    ({"inputs": [{"text": "x" * 4097, "voice_id": "ryan"}]}, None, 400, "inputs[0].text", "string_above_max_length"),
+    ({"inputs": [{"text": "Hi."}]}, None, 400, "inputs[0].voice_id", "missing_required_parameter"),
 ])
 def test_refusals_in_the_envelope_and_elevenlabs_detail(small, body, query, status, param, code):
     got, answer = refusal(small, body, query)

@@ -194,6 +194,51 @@ def test_every_elevenlabs_route_is_also_under_the_prefix(server):
         assert collect(ws, {"x"})[0]["x"]
 
 
+# -- refusals ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("voice, fields, status, param", [
+    ("ryan", {"text": " \n"}, 400, "text"),
+    ("ryan", {"text": TEXT, "voice_settings": {"speed": 9.0}}, 400, "voice_settings.speed"),
+    ("ryan", {"text": TEXT, "model_id": "no-such-model"}, 404, "model_id"),
+    ("nobody", {"text": TEXT}, 400, "voice_id"),
+])
+def test_refusals_name_elevenlabs_fields(server, voice, fields, status, param):
+    with pytest.raises(ApiError) as refused:
+        b"".join(sdk(server).text_to_speech.convert(voice, **fields))
+    error = refused.value.body["error"]
+    assert refused.value.status_code == status and error["param"] == param, error
+    assert refused.value.body["detail"] == {"status": error["code"], "message": error["message"]}
+    assert "'input'" not in error["message"] and "'speed'" not in error["message"]
+
+
+def test_a_missing_key_is_asked_for_in_elevenlabs_header(server):
+    with pytest.raises(ApiError) as refused:
+        b"".join(sdk(server, api_key=None).text_to_speech.convert("ryan", text=TEXT))
+    assert refused.value.status_code == 401 and "'xi-api-key: <key>'" in refused.value.body["detail"]["message"]
+    for socket in ("multi-stream-input", "stream-input"):
+        with open_socket(server, key=None, socket=socket) as ws:
+            assert "'xi-api-key: <key>'" in json.loads(ws.recv(timeout=TIMEOUT))["message"]
+
+
+def test_elevenlabs_routes_not_served_answer_404_with_what_to_use_instead(server):
+    client = sdk(server)
+    for call, instead in [
+            (lambda: client.voices.ivc.create(name="mine", files=[("clip.wav", io.BytesIO(b"RIFF"), "audio/wav")]),
+             "POST /v1/audio/voices (multipart: name, audio_sample"),  # instant voice cloning
+            (lambda: client.voices.delete("ryan"), "DELETE /v1/audio/voices/{id}"),
+            (lambda: client.text_to_voice.design(voice_description="A calm, deep voice, speaking slowly and warmly."),
+             "POST /v1/audio/voices (multipart: name, instructions"),
+            (lambda: client.speech_to_text.convert(model_id="scribe_v1", file=io.BytesIO(b"RIFF")),
+             "POST /v1/text-to-speech/{voice_id}")]:
+        with pytest.raises(ApiError) as refused:
+            call()
+        detail = refused.value.body["detail"]
+        assert refused.value.status_code == 404 and detail["status"] == "not_found" and instead in detail["message"]
+        assert refused.value.body["error"]["message"] == detail["message"]
+    assert client.voices.get("ryan").voice_id == "ryan"  # (what is served still is)
+
+
 # -- the sockets' formats -------------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from api.errors import (
     APIError,
     error_response,
     invalid_request,
+    no_key,
     payload_too_large,
     unauthorized,
 )
@@ -86,9 +87,8 @@ class APIKeyMiddleware:
         if path.startswith(self.prefixes) and not (scope["method"] in ("GET", "HEAD") and path in self.open_lists):
             token = bearer_token(scope)
             if not key_matches(self.api_key, token):
-                message = ("You didn't provide an API key: send 'Authorization: Bearer <key>'." if token is None
-                           else "Incorrect API key provided.")
-                await error_response(scope, unauthorized(message))(scope, receive, send)
+                refusal = no_key(scope) if token is None else unauthorized("Incorrect API key provided.")
+                await error_response(scope, refusal)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

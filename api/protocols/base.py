@@ -40,7 +40,15 @@ from typing import Any
 from fastapi import WebSocket
 from starlette.types import Message
 
-from api.errors import RATE_LIMIT, SERVER_ERROR, APIError, invalid_request, payload_too_large, unauthorized
+from api.errors import (
+    RATE_LIMIT,
+    SERVER_ERROR,
+    APIError,
+    invalid_request,
+    no_key,
+    payload_too_large,
+    unauthorized,
+)
 from api.limits import ServerLimits
 from api.ops.clients import client_address, parse_networks
 from api.ops.hosts import host_allowed, host_not_allowed, origin_allowed
@@ -100,8 +108,8 @@ def handshake_problem(websocket: WebSocket, state: AppState,
     if config.api_key:
         key = offered_key(websocket, key_prefixes)
         if not key_matches(config.api_key, key):
-            return unauthorized(f"You didn't provide an API key: use ?api_key=<key> or the subprotocol "
-                                f"'{key_prefixes[0]}<key>'." if key is None else "Incorrect API key provided.")
+            return no_key(websocket.scope, ("?api_key=<key>", f"the subprotocol '{key_prefixes[0]}<key>'")) \
+                if key is None else unauthorized("Incorrect API key provided.")
     return None
 
 

@@ -57,12 +57,13 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from fastapi import APIRouter, WebSocket
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, ValidationError
 
 from qwen3_tts_gguf.audio.encoding import G711_MIME_TYPES, MAX_SPEED, MIN_SPEED
 from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult, TextProgress
 
-from api.errors import APIError, invalid_request
+from api.errors import APIError, invalid_request, validation_error
 from api.ops.clients import client_of
 from api.protocols.base import CLOSE_POLICY_VIOLATION, SocketConnection, serve_socket
 from api.registry import ModelRegistry
@@ -391,9 +392,8 @@ def _settings(voice_settings: Any) -> VoiceSettings:
     try:
         return VoiceSettings.model_validate(voice_settings or {})
     except ValidationError as e:
-        loc = ".".join(map(str, e.errors()[0]["loc"]))
-        raise invalid_request(f"Invalid voice_settings{f'.{loc}' if loc else ''}: {e.errors()[0]['msg']}.",
-                              param=f"voice_settings{f'.{loc}' if loc else ''}") from None
+        errors = [{**error, "loc": ("voice_settings", *error["loc"])} for error in e.errors()]
+        raise validation_error(RequestValidationError(errors)) from None
 
 
 def final_progress(result: SynthesisResult | None) -> TextProgress | None:

@@ -31,7 +31,7 @@ from api.ops import headers
 from api.ops.clients import client_of
 from api.protocols.elevenlabs import HTTP_DEFAULT_FORMAT, OutputFormat, VoiceSettings, speech_fields
 from api.routes.speech import answer, respond, usage_accounting
-from api.schemas import MAX_ID_CHARS, MAX_INPUT_CHARS, MAX_LANGUAGE_CHARS, MAX_SEED, NOT_BLANK_PATTERN, Identifier
+from api.schemas import MAX_ID_CHARS, MAX_INPUT_CHARS, MAX_LANGUAGE_CHARS, MAX_SEED, Identifier, SpokenText
 from api.speaking.alignment import TimedChars
 from api.speaking.dialogue import LineChain, plan_dialogue
 from api.speaking.http_body import CONTENT_TYPES, SpeechStream, audio_body
@@ -51,8 +51,7 @@ class SpeechBody(BaseModel):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    text: str = Field(max_length=MAX_INPUT_CHARS, description="the text to speak (not blank)",
-                      json_schema_extra={"pattern": NOT_BLANK_PATTERN})
+    text: SpokenText = Field(description="the text to speak (not blank)")
     model_id: Identifier | None = Field(None, description="a served model or alias; `eleven_*`: the default model")
     language_code: str | None = Field(None, max_length=MAX_LANGUAGE_CHARS, description="ISO 639-1: en, zh, ...")
     seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
@@ -190,8 +189,7 @@ class DialogueInput(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    text: str = Field(max_length=MAX_INPUT_CHARS, description="the line (not blank)",
-                      json_schema_extra={"pattern": NOT_BLANK_PATTERN})
+    text: SpokenText = Field(description="the line (not blank)")
     voice_id: Identifier = Field(description="any voice `GET /v1/audio/voices` lists (on the model that speaks it)")
 
 

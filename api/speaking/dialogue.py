@@ -30,7 +30,7 @@ from typing import Any
 from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult, TextProgress
 from qwen3_tts_gguf.engine.stream import Stream
 
-from api.errors import APIError, invalid_request
+from api.errors import ELEVENLABS_FIELDS, APIError, invalid_request
 from api.ops.clients import Client
 from api.speaking.http_body import ENDED_BADLY
 from api.speaking.plan import SpeechPlan, speech_body
@@ -59,8 +59,8 @@ def plan_dialogue(state: AppState, inputs: Sequence[tuple[str, str]], fields: di
         try:
             plan = plan_request(state, speech_body({**fields, "input": text, "voice": voice, "response_format": "pcm"}))
         except APIError as e:
-            e.param = f"inputs[{index}].{_INPUT_FIELDS[e.param]}" if e.param in _INPUT_FIELDS else \
-                _BODY_FIELDS.get(e.param or "", e.param)
+            if e.param in ("input", "voice"):  # (the others are the body's: errors.ELEVENLABS_FIELDS)
+                e.param = f"inputs[{index}].{ELEVENLABS_FIELDS[e.param]}"
             raise
         lines.append(DialogueLine(index, voice, text, plan, lines[-1].text_end if lines else 0))
     rates = {line.plan.served.model.sample_rate for line in lines}
@@ -68,11 +68,6 @@ def plan_dialogue(state: AppState, inputs: Sequence[tuple[str, str]], fields: di
         raise invalid_request(f"The voices speak on models of different sample rates ({sorted(rates)}): one dialogue "
                               "is one audio stream.", param="inputs")
     return lines
-
-
-_INPUT_FIELDS = {"voice": "voice_id", "input": "text"}
-_BODY_FIELDS = {"model": "model_id", "language": "language_code", "text_normalization": "apply_text_normalization"}
-"""A speech request's fields as a dialogue's input and body name them."""
 
 
 @dataclass(frozen=True)
