@@ -179,15 +179,17 @@ ELEVENLABS_FIELDS = {"input": "text", "voice": "voice_id", "model": "model_id", 
                      "speed": "voice_settings.speed", "text_normalization": "apply_text_normalization"}
 """A speech request's fields (`schemas.SpeechRequest`) as ElevenLabs' bodies name them."""
 ELEVENLABS_INSTEAD = (
-    ("POST", re.compile(r"/v1/voices/(add|pvc)(/.*)?"),
+    ("POST", re.compile(r"/v1/voices/(add|pvc)(/.*)?"), 404,
      "a voice is cloned here with POST /v1/audio/voices (multipart: name, audio_sample: a clip of 1-30 s, "
      "optional text: its transcript; a Base model must be served)"),
-    (None, re.compile(r"/v1/(text-to-voice|voice-generation)(/.*)?"),
+    (None, re.compile(r"/v1/(text-to-voice|voice-generation)(/.*)?"), 404,
      "a voice is designed here with POST /v1/audio/voices (multipart: name, instructions: the description; "
      "VoiceDesign and Base models must be served)"),
-    ("DELETE", re.compile(r"/v1/voices/[^/]+"), "a voice profile is deleted with DELETE /v1/audio/voices/{id}"),
+    ("DELETE", re.compile(r"/v1/voices/[^/]+"), 405, "a voice profile is deleted with DELETE /v1/audio/voices/{id}"),
 )
-"""(method or None: any, path, what to use instead) of ElevenLabs' routes this server has an answer for."""
+"""(method or None: any, path, status, what to use instead) of ElevenLabs' routes not served here that this server
+has an answer for: 404 where its path is no resource here (`/v1/voices/add` only looks like a voice's), 405 where
+it is one (a voice: it is read here, not deleted)."""
 ELEVENLABS_SERVED = ("this server serves ElevenLabs' text to speech (POST /v1/text-to-speech/{voice_id}, /stream, "
                      "/with-timestamps, /stream/with-timestamps; the stream-input and multi-stream-input sockets), "
                      "text to dialogue (POST /v1/text-to-dialogue[/stream][/with-timestamps]) and the voice and "
@@ -200,19 +202,19 @@ def elevenlabs_route(scope: Mapping[str, Any]) -> bool:
     return bool(ELEVENLABS_PATHS.match(get_route_path(scope)))
 
 
-def elevenlabs_instead(method: str, path: str) -> str | None:
-    """What to use instead of ElevenLabs' `method` `path` (the route path, `/elevenlabs` too), where
-    `ELEVENLABS_INSTEAD` has it."""
+def elevenlabs_not_served(method: str, path: str, allowed: Sequence[str]) -> APIError:
+    """ElevenLabs' `method` `path` (the route path, `/elevenlabs` too), which no route here takes (`allowed`: the
+    methods its path takes), saying what to use instead: 405 where the path is served (`ELEVENLABS_INSTEAD`
+    may say otherwise), else 404."""
     route = path.removeprefix("/elevenlabs")
-    return next((text for wanted, pattern, text in ELEVENLABS_INSTEAD
-                 if wanted in (None, method) and pattern.fullmatch(route)), None)
-
-
-def elevenlabs_not_served(method: str, path: str) -> APIError:
-    """404 for ElevenLabs' `method` `path`, which this server does not serve, saying what to use instead."""
-    instead = elevenlabs_instead(method, path) or ELEVENLABS_SERVED
-    return APIError(f"ElevenLabs' {method} {path[:200]} is not served here: {instead}.", status_code=404,
-                    code="not_found")
+    status, instead = next(((status, text) for wanted, pattern, status, text in ELEVENLABS_INSTEAD
+                            if wanted in (None, method) and pattern.fullmatch(route)), (None, None))
+    if allowed and status != 404:
+        error = method_not_allowed(method, allowed)
+        error.message += f" ElevenLabs' {method} {path[:200]} is not served: {instead}." if instead else ""
+        return error
+    return APIError(f"ElevenLabs' {method} {path[:200]} is not served here: {instead or ELEVENLABS_SERVED}.",
+                    status_code=404, code="not_found")
 
 
 def no_key(scope: Mapping[str, Any], ways: Sequence[str] = ("'Authorization: Bearer <key>'",)) -> APIError:
@@ -293,9 +295,8 @@ def method_not_allowed(method: str, allowed: Sequence[str]) -> APIError:
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if exc.status_code in (404, 405):
         allowed, path = allowed_methods(request), get_route_path(request.scope)
-        if request.method not in allowed and elevenlabs_route(request.scope) and \
-                (not allowed or elevenlabs_instead(request.method, path)):  # (POST /v1/voices/add: not 405)
-            return error_response(request.scope, elevenlabs_not_served(request.method, path))
+        if request.method not in allowed and elevenlabs_route(request.scope):
+            return error_response(request.scope, elevenlabs_not_served(request.method, path, allowed))
         if allowed and request.method not in allowed:
             return error_response(request.scope, method_not_allowed(request.method, allowed))
         if not allowed and path.startswith(API_PREFIXES):  # the console's mount said 405

@@ -222,20 +222,24 @@ def test_a_missing_key_is_asked_for_in_elevenlabs_header(server):
 
 
 def test_elevenlabs_routes_not_served_answer_404_with_what_to_use_instead(server):
+    """404 where the path is none of this server's (`/v1/voices/add` only looks like a voice's); a voice is one,
+    so deleting it is 405 (with `Allow`), saying what to use instead all the same."""
     client = sdk(server)
-    for call, instead in [
+    for call, status, instead in [
             (lambda: client.voices.ivc.create(name="mine", files=[("clip.wav", io.BytesIO(b"RIFF"), "audio/wav")]),
-             "POST /v1/audio/voices (multipart: name, audio_sample"),  # instant voice cloning
-            (lambda: client.voices.delete("ryan"), "DELETE /v1/audio/voices/{id}"),
+             404, "POST /v1/audio/voices (multipart: name, audio_sample"),  # instant voice cloning
             (lambda: client.text_to_voice.design(voice_description="A calm, deep voice, speaking slowly and warmly."),
-             "POST /v1/audio/voices (multipart: name, instructions"),
+             404, "POST /v1/audio/voices (multipart: name, instructions"),
             (lambda: client.speech_to_text.convert(model_id="scribe_v1", file=io.BytesIO(b"RIFF")),
-             "POST /v1/text-to-speech/{voice_id}")]:
+             404, "POST /v1/text-to-speech/{voice_id}"),
+            (lambda: client.voices.delete("ryan"), 405, "DELETE /v1/audio/voices/{id}")]:
         with pytest.raises(ApiError) as refused:
             call()
         detail = refused.value.body["detail"]
-        assert refused.value.status_code == 404 and detail["status"] == "not_found" and instead in detail["message"]
+        assert refused.value.status_code == status and instead in detail["message"], detail
+        assert detail["status"] == {404: "not_found", 405: "method_not_allowed"}[status]
         assert refused.value.body["error"]["message"] == detail["message"]
+        assert status == 404 or refused.value.headers["allow"] == "GET"
     assert client.voices.get("ryan").voice_id == "ryan"  # (what is served still is)
 
 
