@@ -77,8 +77,8 @@ def solo_pcm(registry: ModelRegistry, text: str, speaker: str, frames: int) -> b
 def test_eight_concurrent_clients_get_their_own_audio(wide):
     """Eight clients at once, batched together, each get exactly their solo audio.
 
-    Greedy decoding: the engine's batched output equals its solo output bit for bit. (Seeded
-    sampling is not yet batch-invariant in the engine, see the report.)"""
+    Greedy decoding: the engine's batched output equals its solo output bit for bit (seeded sampling
+    beside other streams: tests/test_reproducible.py)."""
     registry, server = wide
     client = openai.OpenAI(base_url=server.api_url, api_key="any", max_retries=0)
     jobs = [(f"Client number {i} says hello.", SPEAKERS[i], 10 + i) for i in range(8)]
