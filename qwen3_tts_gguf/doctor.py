@@ -41,22 +41,28 @@ def check_device_settings(gpu_layers: int, device: str, codec_runtime: str = "au
 def stage_words(cp_runtime: str, codec_runtime: str, *, gpu_layers: int, onnx_device: str,
                 deterministic: bool) -> dict[str, str]:
     """What runs each stage that is not on ONNX Runtime, in a few words, before a model folder is read
-    (`auto` then depends on the folder having its llama stages file: model/runtimes.py)."""
+    (`auto`'s code predictor then depends on the folder having its llama stages file: model/runtimes.py)."""
     on = "on the talker's device" if gpu_layers else "on the CPU"
     auto = bool(gpu_layers) and onnx_device == "cpu" and not deterministic
     out = {}
-    for stage, runtime in (("code predictor", cp_runtime), ("codec", codec_runtime)):
-        if runtime == "llama":
-            out[stage] = f"{stage} on llama.cpp's graphs {on}"
-        elif runtime == "auto" and auto:
-            out[stage] = f"{stage} on llama.cpp's graphs {on} where the model folder has them (auto)"
+    if cp_runtime == "llama":
+        out["code predictor"] = f"code predictor on llama.cpp's graphs {on}"
+    elif cp_runtime == "ggml":
+        out["code predictor"] = f"code predictor on the project's ggml graphs {on}"
+    elif cp_runtime == "auto" and auto:
+        out["code predictor"] = (f"code predictor on the project's ggml graphs {on} where the model folder has "
+                                 "its llama stages file (auto)")
+    if codec_runtime == "llama":
+        out["codec"] = f"codec on llama.cpp's graphs {on}"
+    elif codec_runtime == "ggml" or (codec_runtime == "auto" and auto):
+        out["codec"] = f"codec on the project's ggml graphs {on}" + (" (auto)" if codec_runtime == "auto" else "")
     return out
 
 
 def describe_plan(gpu_layers: int, onnx_provider: str, runtime: LlamaRuntime | None = None, codec: str = "",
                   stages: dict[str, str] | None = None) -> str:
     """Where each stage runs, in one line; `codec`: the codec's own words when it runs on OpenVINO;
-    `stages`: a stage's words when it runs on llama.cpp's graphs (`stage_words`)."""
+    `stages`: a stage's words when it runs on ggml (`stage_words`)."""
     if not gpu_layers:
         talker = "talker on the CPU"
     else:

@@ -95,9 +95,11 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                    help="what runs the codec: onnxruntime; openvino (pip install openvino; CPU only, not with "
                         "--deterministic) decodes about a fifth faster than ONNX Runtime but holds more memory "
                         "(0.6B, eight streams: about 130 MiB more at the peak, with a writable model folder for its "
-                        "cache; docs/benchmarks.md, Codec overlap); llama (llama.cpp's graphs, on the talker's device: "
-                        "72-frame windows, seconds a call on a CPU; not with --deterministic); auto: as --cp-runtime "
-                        "(default %(default)s)")
+                        "cache; docs/benchmarks.md, Codec overlap); ggml (the project's streaming codec on ggml, on "
+                        "the talker's device: every GPU llama.cpp runs on; not with --deterministic); llama "
+                        "(llama.cpp's graphs: 72-frame windows, seconds a call on a CPU; not with --deterministic); "
+                        "auto: ggml when the talker is offloaded to a GPU that --device cannot reach, else "
+                        "onnxruntime (default %(default)s)")
     p.add_argument("--heap-map-threshold", type=number(int, 0, MAX_MAP_THRESHOLD), default=MAP_THRESHOLD,
                    metavar="BYTES",
                    help="blocks of at least this size are mapped on their own and unmapped when freed (glibc): "

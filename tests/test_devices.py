@@ -291,9 +291,9 @@ def test_a_device_lock_serialises_and_counts_the_wait():
     assert locks.talker_device_locks(0) == ()
 
 
-def test_the_plan_names_each_stage_on_llama_cpp():
-    """`--cp-runtime`/`--codec-runtime llama`, or `auto` with the talker offloaded beyond ONNX Runtime's
-    device: the start-up line says which stage runs on llama.cpp's graphs, on which device."""
+def test_the_plan_names_each_stage_on_ggml():
+    """`--cp-runtime`/`--codec-runtime llama` or `ggml`, or `auto` with the talker offloaded beyond ONNX
+    Runtime's device: the start-up line says which stage runs on which ggml graphs, on which device."""
     from qwen3_tts_gguf.doctor import describe_plan, stage_words
 
     cpu = "CPUExecutionProvider"
@@ -303,7 +303,10 @@ def test_the_plan_names_each_stage_on_llama_cpp():
     rt = LlamaRuntime("0", "", True, ("Vulkan", "CPU"), (BackendDevice("Vulkan", "Vulkan0", "GPU", "gpu", 1, 1),), "")
     stages = stage_words("auto", "auto", gpu_layers=GPU_LAYERS_ALL, onnx_device="cpu", deterministic=False)
     line = describe_plan(GPU_LAYERS_ALL, cpu, rt, stages=stages)
-    assert "code predictor on llama.cpp's graphs on the talker's device where the model folder has them (auto)" in line
-    assert "codec on llama.cpp's graphs on the talker's device" in line
+    assert ("code predictor on the project's ggml graphs on the talker's device where the model folder has its "
+            "llama stages file (auto)") in line
+    assert "codec on the project's ggml graphs on the talker's device (auto)" in line
+    assert stage_words("onnxruntime", "ggml", gpu_layers=0, onnx_device="cpu", deterministic=False) == {
+        "codec": "codec on the project's ggml graphs on the CPU"}
     assert stage_words("auto", "auto", gpu_layers=GPU_LAYERS_ALL, onnx_device="cpu", deterministic=True) == {}
     assert stage_words("auto", "auto", gpu_layers=GPU_LAYERS_ALL, onnx_device="cuda", deterministic=False) == {}

@@ -126,16 +126,24 @@ class Ops:
         self.inputs: dict[str, tuple[T, tuple[int, ...], np.dtype]] = {}
         self.outputs: dict[str, T] = {}
         self.output_shapes: dict[str, tuple[int, ...]] = {}
+        self.made: list[T] = []  # every tensor of the graph's own (not the weights): placed anew at each run
 
     def __getattr__(self, op: str) -> Callable[..., T]:
         fn = getattr(ggml(), "ggml_" + op)
-        ctx = self.ctx
-        return lambda *args: fn(ctx, *args)
+        ctx, made = self.ctx, self.made
+
+        def call(*args) -> T:
+            t = fn(ctx, *args)
+            made.append(t)
+            return t
+
+        return call
 
     def input(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> T:
         dtype = np.dtype(dtype)
         ne = (ctypes.c_int64 * len(shape))(*reversed(shape))
         t = ggml().ggml_new_tensor(self.ctx, _TYPE_OF[dtype], len(shape), ne)
+        self.made.append(t)
         ggml().ggml_set_input(t)
         self.inputs[name] = (t, tuple(shape), dtype)
         return t
@@ -167,6 +175,11 @@ class Graph:
         g = ggml()
         backend = self.allocator.backend
         with backend.lock:
+            # graphs share the allocator's buffer, which may have moved since this graph last ran: its tensors
+            # are placed anew (ggml_gallocr keeps a tensor that already has an address where it is)
+            for t in self.ops.made:
+                t.contents.data = None
+                t.contents.buffer = None
             if not g.ggml_gallocr_alloc_graph(self.allocator.ptr, self.cgraph):
                 raise GgmlError(f"the {backend.device} device has no room for a graph's activations")
             for name, (t, shape, dtype) in self.ops.inputs.items():

@@ -22,11 +22,17 @@ STATUS_SUCCESS = 0
 DEV_CPU = 0  # enum ggml_backend_dev_type
 
 
+GGML_MAX_SRC, GGML_MAX_OP_PARAMS = 10, 64
+
+
 class Tensor(ctypes.Structure):
-    """The leading fields of `struct ggml_tensor` (ggml.h): its type, buffer, shape and strides."""
+    """The leading fields of `struct ggml_tensor` (ggml.h) up to its data pointer."""
 
     _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p),
-                ("ne", ctypes.c_int64 * GGML_MAX_DIMS), ("nb", ctypes.c_size_t * GGML_MAX_DIMS)]
+                ("ne", ctypes.c_int64 * GGML_MAX_DIMS), ("nb", ctypes.c_size_t * GGML_MAX_DIMS),
+                ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * (GGML_MAX_OP_PARAMS // 4)),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * GGML_MAX_SRC),
+                ("view_src", ctypes.c_void_p), ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p)]
 
 
 class InitParams(ctypes.Structure):

@@ -211,10 +211,13 @@ class LoadedModel:
         try:
             if "llama" in (self.runtimes.predictor, self.runtimes.codec):
                 self.llama_stages = self._load_llama_stages(threads.predictor)
-            self.predictor = (LlamaCodePredictor(self.llama_stages, int(self.manifest.talker["hidden_size"]))
-                              if self.runtimes.predictor == "llama" else
-                              CodePredictor(self.folder / self.predictor_file, threads=threads.predictor,
-                                            device=settings.device))
+            if self.runtimes.predictor == "llama":
+                self.predictor = LlamaCodePredictor(self.llama_stages, int(self.manifest.talker["hidden_size"]))
+            elif self.runtimes.predictor == "ggml":
+                self.predictor = self._load_ggml_predictor(threads.predictor)
+            else:
+                self.predictor = CodePredictor(self.folder / self.predictor_file, threads=threads.predictor,
+                                               device=settings.device)
             self.codec = (LlamaCodec(self.llama_stages) if self.runtimes.codec == "llama"
                           else early_codec or load_codec())
         except Exception as e:
@@ -236,15 +239,30 @@ class LoadedModel:
     def sample_rate(self) -> int:
         return int(self.manifest.codec["sample_rate"])
 
-    def _load_ggml_codec(self, threads: int):
-        """The streaming codec on the project's ggml graphs, on the talker's first GPU (the CPU without one)."""
-        from qwen3_tts_gguf.ggml.codec import GgmlCodec
+    def _ggml_backend(self, threads: int):
+        """The ggml backend both ggml stages share: the talker's first GPU (the CPU without one), and its locks."""
         from qwen3_tts_gguf.ggml.graph import Backend
         from qwen3_tts_gguf.runtime.locks import talker_device_locks
 
         locks = talker_device_locks(self.settings.gpu_layers)
-        self.ggml_backend = Backend(locks[0].name if locks else None, threads=threads)
-        return GgmlCodec(self.folder / CODEC_FILE, self.ggml_backend, device_locks=locks)
+        if getattr(self, "ggml_backend", None) is None:
+            self.ggml_backend = Backend(locks[0].name if locks else None, threads=threads)
+        return self.ggml_backend, locks
+
+    def _load_ggml_codec(self, threads: int):
+        """The streaming codec on the project's ggml graphs."""
+        from qwen3_tts_gguf.ggml.codec import GgmlCodec
+
+        backend, locks = self._ggml_backend(threads)
+        return GgmlCodec(self.folder / CODEC_FILE, backend, device_locks=locks)
+
+    def _load_ggml_predictor(self, threads: int):
+        """The batched code predictor on the project's ggml graphs (the llama stages file's weights)."""
+        from qwen3_tts_gguf.ggml.predictor import GgmlCodePredictor
+
+        backend, locks = self._ggml_backend(threads)
+        return GgmlCodePredictor(self.folder / LLAMA_STAGES_FILE, backend, device_locks=locks,
+                                 temperature=float((self.manifest.llama_stages or {}).get("temperature", 1.0)))
 
     def _load_llama_stages(self, threads: int):
         from qwen3_tts_gguf.model.llama_stages import LlamaStages
@@ -259,7 +277,8 @@ class LoadedModel:
         if getattr(self, "llama_stages", None) is not None:
             self.llama_stages.close()
         if getattr(self, "ggml_backend", None) is not None:
-            if hasattr(getattr(self, "codec", None), "close"):
-                self.codec.close()
+            for stage in (getattr(self, "codec", None), getattr(self, "predictor", None)):
+                if getattr(stage, "runtime", None) == "ggml":
+                    stage.close()
             self.ggml_backend.close()
             self.ggml_backend = None

@@ -4,9 +4,10 @@ project's own ggml graphs (`ggml/`: the streaming codec, on every ggml backend),
 Qwen3-TTS graphs (`llama_stages.py`: every ggml backend, Vulkan included).
 
 When the talker is offloaded (`--gpu-layers`) to a device ONNX Runtime has no provider for (`--device`
-left on the CPU: Vulkan's GPUs, a CUDA machine without onnxruntime-gpu), `auto` puts the codec on the
-ggml graphs on the talker's device and the code predictor on llama.cpp's graphs where the model folder
-has its llama stages file; ONNX Runtime otherwise (the parity profile always keeps it). On a CPU ONNX
+left on the CPU: Vulkan's GPUs, a CUDA machine without onnxruntime-gpu), `auto` puts both stages on the
+project's ggml graphs on the talker's device (the code predictor where the model folder has its llama
+stages file, whose weights it reads); ONNX Runtime otherwise (the parity profile always keeps it).
+llama.cpp's graphs (libmtmd's windowed `code2wav` and one-stream `code_gen`) are only ever asked for. On a CPU ONNX
 Runtime measures fastest for both stages (docs/benchmarks.md, *Stage runtimes*). The runtime is a
 choice of implementation behind the stage's interface, never a branch in the engine.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, Manifest
 
-CP_RUNTIMES = ("auto", "onnxruntime", "llama")
+CP_RUNTIMES = ("auto", "onnxruntime", "ggml", "llama")
 """What `--cp-runtime` accepts."""
 CODEC_RUNTIMES = ("auto", "onnxruntime", "openvino", "ggml", "llama")
 """What `--codec-runtime` accepts."""
@@ -59,15 +60,17 @@ def resolve(cp_runtime: str, codec_runtime: str, manifest: Manifest, *, gpu_laye
     check_stage_runtimes(cp_runtime, codec_runtime, deterministic=deterministic)
     has_stages = manifest.llama_stages_missing is None
     on_gpu = bool(gpu_layers) and onnx_device == "cpu" and not deterministic
-    auto_llama = on_gpu and has_stages
     why = ("auto: the talker is on a GPU ONNX Runtime has no provider for" if on_gpu else "auto: ONNX Runtime")
     if on_gpu and not has_stages:
         why += " (the code predictor on ONNX Runtime: this folder has no llama stages file)"
-    cp = ("llama" if auto_llama else "onnxruntime") if cp_runtime == "auto" else cp_runtime
+    cp = ("ggml" if on_gpu and has_stages else "onnxruntime") if cp_runtime == "auto" else cp_runtime
     codec = ("ggml" if on_gpu else "onnxruntime") if codec_runtime == "auto" else codec_runtime
     if "llama" in (cp, codec) and not has_stages:
         raise StageRuntimeError(f"--{'cp' if cp == 'llama' else 'codec'}-runtime llama: {manifest.name} has no "
                                 f"{LLAMA_STAGES_FILE}: {manifest.llama_stages_missing}")
+    if cp == "ggml" and not has_stages:
+        raise StageRuntimeError(f"--cp-runtime ggml reads the code predictor of {LLAMA_STAGES_FILE}, which "
+                                f"{manifest.name} has not: {manifest.llama_stages_missing}")
     if "auto" not in (cp_runtime, codec_runtime):
         why = "as asked"
     return StageRuntimes(cp, codec, why)
