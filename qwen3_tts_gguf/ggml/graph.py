@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from qwen3_tts_gguf.ggml.lib import (DEV_CPU, STATUS_SUCCESS, TYPE_F16, TYPE_F32, TYPE_I32, InitParams,
-                                     T, ggml)
+from qwen3_tts_gguf.ggml.lib import (DEV_CPU, PREC_F32, STATUS_SUCCESS, TYPE_F16, TYPE_F32, TYPE_I32,
+                                     InitParams, T, ggml)
 
 _NUMPY_TYPES = {TYPE_F32: np.float32, TYPE_F16: np.float16, TYPE_I32: np.int32}
 _TYPE_OF = {np.dtype(v): k for k, v in _NUMPY_TYPES.items()}
@@ -129,7 +129,8 @@ class Ops:
         self.made: list[T] = []  # every tensor of the graph's own (not the weights): placed anew at each run
 
     def __getattr__(self, op: str) -> Callable[..., T]:
-        fn = getattr(ggml(), "ggml_" + op)
+        g = ggml()
+        fn = getattr(g, "ggml_" + op)
         ctx, made = self.ctx, self.made
 
         def call(*args) -> T:
@@ -137,7 +138,12 @@ class Ops:
             made.append(t)
             return t
 
-        return call
+        def product(*args) -> T:  # every product accumulates in f32, on every backend
+            t = call(*args)
+            g.ggml_mul_mat_set_prec(t, PREC_F32)
+            return t
+
+        return product if op == "mul_mat" else call
 
     def input(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> T:
         dtype = np.dtype(dtype)

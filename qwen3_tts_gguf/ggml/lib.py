@@ -18,6 +18,7 @@ GGML_MAX_DIMS = 4
 TYPE_F32, TYPE_F16, TYPE_I32 = 0, 1, 26
 TYPE_NAMES = {TYPE_F32: "f32", TYPE_F16: "f16", 8: "q8_0", TYPE_I32: "i32"}
 SORT_DESC = 1
+PREC_F32 = 10  # ggml_mul_mat_set_prec: accumulate in f32 (ggml-vulkan's default on fp16 devices is f16)
 STATUS_SUCCESS = 0
 DEV_CPU = 0  # enum ggml_backend_dev_type
 
@@ -63,7 +64,7 @@ _FUNCS = {
     "ggml_graph_overhead_custom": ([_sz, _b], _sz), "ggml_new_graph_custom": ([_vp, _sz, _b], _vp),
     "ggml_build_forward_expand": ([_vp, T], None), "ggml_graph_n_nodes": ([_vp], _i),
     "ggml_set_input": ([T], None), "ggml_set_output": ([T], None), "ggml_nbytes": ([T], _sz),
-    "ggml_set_name": ([T, ctypes.c_char_p], T),
+    "ggml_set_name": ([T, ctypes.c_char_p], T), "ggml_mul_mat_set_prec": ([T, _i], None),
     "ggml_gallocr_new": ([_vp], _vp), "ggml_gallocr_free": ([_vp], None),
     "ggml_gallocr_alloc_graph": ([_vp, _vp], _b), "ggml_gallocr_get_buffer_size": ([_vp, _i], _sz),
     "ggml_backend_alloc_ctx_tensors": ([_vp, _vp], _vp), "ggml_backend_buffer_free": ([_vp], None),

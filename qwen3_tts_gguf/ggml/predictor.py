@@ -13,7 +13,8 @@ What a call computes is `convert/predictor_graph.py`'s frame with `model/sampler
   top-p nucleus, and draw by inverse CDF with one uniform number a step from the row's own generator,
   the candidates ordered by descending logit;
 - every matrix product's rows are padded to a multiple of 4 (`codec.ROW_MULTIPLE`): on the CPU backend a
-  row's codes do not depend on the rows beside it, so a seed gives the same codes alone or beside others.
+  row's codes do not depend on the rows beside it, so a seed gives the same codes alone or beside others;
+- on a GPU a call holds at most 8 rows (`GPU_MAX_ROWS`: ggml-vulkan's f32 matrix-vector kernels).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 ROPE_THETA = 1e6  # the code predictor's (convert/llama_stages.CODE_PREDICTOR_ROPE_THETA: a file holds no other)
 MAX_GRAPHS = 16
 ROW_MULTIPLE = 4
+GPU_MAX_ROWS = 8
+"""Rows of one call on a GPU backend at most: up to 8 rows ggml-vulkan multiplies with its matrix-vector
+kernels, in f32; from 9 its matrix kernels round their inputs to f16 on devices with fp16, which the published
+0.6B's activation spike (~1.3e5) overflows. Larger batches take several calls."""
 _SORT_DESC = 1
 
 
@@ -158,11 +163,14 @@ class GgmlCodePredictor:
             groups.setdefault(sampled[0] if sampled else _Sampling(1.0, 1, 1.0), []).extend(groups.pop(None))
         codes = np.empty((batch, NUM_STEPS), np.int64)
         frame = np.empty((batch, self.hidden_size), np.float32)
+        step = batch if self.backend.is_cpu else GPU_MAX_ROWS
         for setting, rows in groups.items():
             rows = sorted(rows)
-            greedy = np.array([params[i].greedy for i in rows], np.float32)
-            out = self._run(setting or _Sampling(1.0, 1, 1.0), hidden[rows], code0[rows], rand[rows], greedy)
-            codes[rows], frame[rows] = out
+            for at in range(0, len(rows), step):
+                part = rows[at:at + step]
+                greedy = np.array([params[i].greedy for i in part], np.float32)
+                out = self._run(setting or _Sampling(1.0, 1, 1.0), hidden[part], code0[part], rand[part], greedy)
+                codes[part], frame[part] = out
         return PredictorOutput(codes, frame)
 
     def _sampling(self, p: SamplingParams) -> _Sampling:
