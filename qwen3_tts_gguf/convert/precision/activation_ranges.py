@@ -7,11 +7,11 @@ Published weights can drive a layer's input far past what f16 holds: the 0.6B co
 NaN, then an out-of-range gather that aborts the process. Random weights never reach such values.
 
 `measure(ckpt, prompts)` runs PROMPTS through the fp32 numpy reference (`convert/numpy_reference.py`):
-the talker prefills each prompt and makes FRAMES frames (codebook 0 greedy, codebooks 1-15 from two
-teacher-forced passes of the code predictor), and the codec decoder's transformer decodes those frames
-and CODEC_RANDOM_FRAMES random ones. For every weight it records its input's peak |x| and its largest
-peak-to-median ratio within one row. Results are keyed by checkpoint tensor name (the speech
-tokenizer's `decoder.*` names for the codec), never by a file format's.
+the talker prefills the prompts side by side and makes FRAMES frames of each (codebook 0 greedy,
+codebooks 1-15 from two teacher-forced passes of the code predictor), and the codec decoder's
+transformer decodes those frames and CODEC_RANDOM_FRAMES random ones. For every weight it records its
+input's peak |x| and its largest peak-to-median ratio within one row. Results are keyed by checkpoint
+tensor name (the speech tokenizer's `decoder.*` names for the codec), never by a file format's.
 
 `keep_f32(ranges, fmt)` names the weights whose input `fmt` could not take:
 - f16 (talker GGUF, llama stages file): a peak above F16_LIMIT, f16's largest value over F16_HEADROOM
@@ -40,7 +40,7 @@ from qwen3_tts_gguf.model.prompt import PromptBuilder, VoiceSpec
 
 PROMPTS = (("Hello, this is a test of the speech system. How are you today?", "english"),
            ("你好，欢迎使用语音合成系统。今天天气很好。", "chinese"))
-FRAMES = 2
+FRAMES = 1
 CODEC_RANDOM_FRAMES = 8
 F16_MAX = 65504.0
 F16_HEADROOM = 4.0
@@ -92,7 +92,8 @@ class ActivationRanges:
         """The manifest's `activations` entry: what was measured, the limits, the largest peaks per stage,
         and for each file (`kept`: file -> the weights it keeps at f32) its kept weights with their ranges."""
         return {
-            "measured": f"{self.prompts} prompts, {self.frames} frames each, through the fp32 numpy reference",
+            "measured": f"{self.prompts} prompts, {self.frames} frame{'s' * (self.frames != 1)} each, "
+                        "through the fp32 numpy reference",
             "f16_limit": F16_LIMIT, "int8_peak_to_median_limit": INT8_PEAK_TO_MEDIAN,
             "largest_peaks": {stage: self.largest(prefix) for stage, prefix in STAGES.items()},
             "kept_f32": {file: {k: {"peak": _round(self.inputs[k].peak),
@@ -128,33 +129,32 @@ def keep_f32(ranges: ActivationRanges, fmt: str, stage: str | None = None) -> fr
 def measure(ckpt: Checkpoint, prompts: PromptBuilder, frames: int = FRAMES) -> ActivationRanges:
     """Every matrix product's input range over PROMPTS (see the module docstring). `prompts` builds the
     checkpoint's prompts (its manifest, tokenizer and text tables)."""
-    with np.errstate(over="ignore"):  # SiLU's exp(-x) of a large negative gate: inf, the product 0, as it should
-        return _measure(ckpt, prompts, frames)
-
-
-def _measure(ckpt: Checkpoint, prompts: PromptBuilder, frames: int) -> ActivationRanges:
     cfg, w = ckpt.config, ckpt.weights
     ranges = ActivationRanges(model_size=cfg.model_size, prompts=len(PROMPTS), frames=frames)
     head = np.asarray(w["talker.codec_head.weight"][:cfg.codec.codebook_size], np.float32)
-    made = []
-    for text, language in PROMPTS:
-        prompt = prompts.build(text, _voice(prompts, language), "non-streaming")
-        rows = prompt.rows
-        for step in range(frames + 1):  # the talker again over the longer rows: the last pass sees them all
-            last = step == frames
-            hidden = decoder_stack(w, "talker.model", cfg.talker, rows, dtype=np.float32,
-                                   observe=ranges.observe if last else None)
-            if last:
-                ranges.observe("talker.codec_head.weight", hidden)
-            code0 = int(np.argmax(head @ hidden[-1]))
-            codes = np.zeros(15, np.int64)
-            for observe in (None, ranges.observe):  # the second pass is fed the first one's codes
-                codes = code_predictor_logits(w, cfg, hidden[-1], code0, codes, np.float32, observe).argmax(-1)
-            made.append([code0, *codes])
-            text_row = prompt.trailing[step] if step < len(prompt.trailing) else prompt.pad_row
-            rows = np.concatenate([rows, prompts.tables.frame_rows(np.array(made[-1:])) + text_row])
+    built = [prompts.build(text, _voice(prompts, language), "non-streaming") for text, language in PROMPTS]
+    rows, made = [p.rows for p in built], []
+    for step in range(frames + 1):  # the talker again over the longer rows: the last pass sees them all
+        # the prompts side by side, each padded at its end (causal: no row of theirs sees the padding)
+        lengths = np.array([len(r) for r in rows])
+        batch = np.zeros((len(rows), lengths.max(), cfg.talker.hidden_size), np.float32)
+        for i, r in enumerate(rows):
+            batch[i, :len(r)] = r
+        real = np.arange(lengths.max()) < lengths[:, None]
+        observe = (lambda name, x: ranges.observe(name, x[real])) if step == frames else None
+        hidden = decoder_stack(w, "talker.model", cfg.talker, batch, dtype=np.float32, observe=observe)
+        if observe:
+            observe("talker.codec_head.weight", hidden)
+        hidden = hidden[np.arange(len(rows)), lengths - 1]  # each prompt's last row
+        code0 = np.argmax(hidden @ head.T, axis=-1)
+        codes = np.zeros((len(rows), 15), np.int64)
+        for seen in (None, ranges.observe):  # the second pass is fed the first one's codes
+            codes = code_predictor_logits(w, cfg, hidden, code0, codes, np.float32, seen).argmax(-1)
+        made.append(np.concatenate([code0[:, None], codes], axis=1))
+        text = [p.trailing[step] if step < len(p.trailing) else p.pad_row for p in built]
+        rows = [np.concatenate([r, prompts.tables.frame_rows(f[None]) + t]) for r, f, t in zip(rows, made[-1], text)]
     rng = np.random.default_rng(0)
-    codes = np.concatenate([np.array(made), rng.integers(0, cfg.codec.codebook_size, (CODEC_RANDOM_FRAMES, 16))])
+    codes = np.concatenate([*made, rng.integers(0, cfg.codec.codebook_size, (CODEC_RANDOM_FRAMES, 16))])
     codec_transformer(ckpt.codec_weights, cfg.codec, codes, np.float32, ranges.observe)
     return ranges
 
