@@ -7,7 +7,7 @@ samples and the next states: the work of a call is proportional to its frames (n
 again), and chunked audio equals one whole decode up to fp32 rounding order. States are host arrays
 in `CodecState`'s layout, so the engine stacks and splits them as it does the ONNX codec's. Graphs
 are built once per (B, N) and kept (`max_graphs`); every graph of one decoder shares one activation
-buffer, sized by the largest.
+buffer (`graph.GraphCache`), sized at load for the largest call (`max_call_frames` frames).
 
 Where the graph differs in form from the ONNX one (results equal up to rounding):
 - the conv kernels are applied as im2col + one matrix product, in fp32 (ggml_conv_1d would round its
@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
-from qwen3_tts_gguf.ggml.graph import Allocator, Backend, Graph, Ops, Weights
+from qwen3_tts_gguf.ggml.graph import Backend, GraphCache, Ops, Weights
 from qwen3_tts_gguf.ggml.lib import TYPE_F32
-from qwen3_tts_gguf.model.codec import CodecState
+from qwen3_tts_gguf.model.codec import CodecState, split_states, stack_states
 from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 
 MAX_CALL_FRAMES = 16
@@ -78,9 +77,9 @@ class GgmlCodec:
         self.backend = backend
         self._device_locks = tuple(device_locks)
         self.weights = Weights(backend, _device_weights(raw, self.cfg))
-        self.allocator = Allocator(backend)
-        self._graphs: OrderedDict[tuple[int, int], Graph] = OrderedDict()
-        self._max_graphs = max_graphs
+        self._graphs = GraphCache(backend, lambda key: _CodecGraph(self.cfg, self.weights, self.state_specs, *key).ops,
+                                  max_graphs)
+        self._graphs.reserve([(1, max_call_frames), (max_call_frames, 1)])
         hd = self.cfg.head_dim
         exponents = np.arange(0, hd, 2).astype(np.float32) / np.float32(hd)
         self._inv_freq = np.float32(1.0) / (np.float32(self.cfg.rope_theta) ** exponents)  # as torch (fp32)
@@ -88,13 +87,10 @@ class GgmlCodec:
     @property
     def nbytes(self) -> int:
         """Device memory held: weights and the activation buffer."""
-        return self.weights.nbytes + self.allocator.nbytes
+        return self.weights.nbytes + self._graphs.nbytes
 
     def close(self) -> None:
-        for graph in self._graphs.values():
-            graph.close()
-        self._graphs.clear()
-        self.allocator.close()
+        self._graphs.close()
         self.weights.close()
 
     def new_state(self, batch: int = 1) -> CodecState:
@@ -117,6 +113,10 @@ class GgmlCodec:
         state = state if state is not None else self.new_state(codes.shape[0])
         if state.batch != codes.shape[0]:
             raise ValueError(f"codes have {codes.shape[0]} streams but the state has {state.batch}")
+        if codes.shape[0] > self.max_call_frames:  # streams in groups: a call holds max_call_frames frames at most
+            groups = [slice(at, at + self.max_call_frames) for at in range(0, codes.shape[0], self.max_call_frames)]
+            parts = [self.decode(codes[g], stack_states(split_states(state)[g])) for g in groups]
+            return np.concatenate([w for w, _ in parts]), stack_states([s for _, s in parts])
         step = max(1, self.max_call_frames // codes.shape[0])
         parts = []
         for start in range(0, codes.shape[1], step):
@@ -130,17 +130,6 @@ class GgmlCodec:
         return wav
 
     # -- one call ----------------------------------------------------------------------------
-    def _graph(self, batch: int, frames: int) -> Graph:
-        key = (batch, frames)
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = Graph(_CodecGraph(self.cfg, self.weights, self.state_specs, batch, frames).ops, self.allocator)
-            self._graphs[key] = graph
-            while len(self._graphs) > self._max_graphs:
-                self._graphs.popitem(last=False)[1].close()
-        self._graphs.move_to_end(key)
-        return graph
-
     def _run(self, codes: np.ndarray, state: CodecState) -> tuple[np.ndarray, CodecState]:
         batch, frames, _ = codes.shape
         cfg = self.cfg
@@ -151,7 +140,7 @@ class GgmlCodec:
                  **self._positions(pos, frames),
                  **{f"in_{name}": array for name, array in state.tensors.items() if name != "pos"}}
         with hold_devices(self._device_locks):  # the talker's decodes and this call never interleave on a GPU
-            out = self._graph(batch, frames).run(feeds)
+            out = self._graphs.run((batch, frames), feeds)
         new = {"pos": pos + frames, **{name: out[f"out_{name}"] for name, _, _ in self.state_specs if name != "pos"}}
         return out["wav"], CodecState(new)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 
@@ -164,43 +165,39 @@ class Ops:
 
 
 class Graph:
-    """A built graph on a backend: `run(feeds)` sets its inputs, computes, and returns its outputs.
-    Graphs of one owner share one allocator (`Allocator`): the largest graph sizes its buffer."""
+    """A built graph: its tensors placed in an allocator's buffer at each run (`GraphCache.run`)."""
 
-    def __init__(self, ops: Ops, allocator: "Allocator"):
+    def __init__(self, ops: Ops):
         g = ggml()
         self.ops = ops
-        self.allocator = allocator
         self.cgraph = g.ggml_new_graph_custom(ops.ctx, ops.max_nodes, False)
         for t in ops.outputs.values():
             g.ggml_build_forward_expand(self.cgraph, t)
         self.nodes = g.ggml_graph_n_nodes(self.cgraph)
-        self.out_shapes = ops.output_shapes
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def compute(self, backend: Backend, allocator_ptr, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = ggml()
-        backend = self.allocator.backend
-        with backend.lock:
-            # graphs share the allocator's buffer, which may have moved since this graph last ran: its tensors
-            # are placed anew (ggml_gallocr keeps a tensor that already has an address where it is)
-            for t in self.ops.made:
-                t.contents.data = None
-                t.contents.buffer = None
-            if not g.ggml_gallocr_alloc_graph(self.allocator.ptr, self.cgraph):
-                raise GgmlError(f"the {backend.device} device has no room for a graph's activations")
-            for name, (t, shape, dtype) in self.ops.inputs.items():
-                data = np.ascontiguousarray(feeds[name], dtype)
-                if data.shape != shape:
-                    raise ValueError(f"input {name}: expected {list(shape)}, got {list(data.shape)}")
+        # ggml_gallocr keeps a tensor that already has an address where it is: this graph's own tensors are
+        # placed anew, as other graphs ran in the same buffer since
+        for t in self.ops.made:
+            t.contents.data = None
+            t.contents.buffer = None
+        if not g.ggml_gallocr_alloc_graph(allocator_ptr, self.cgraph):
+            raise GgmlError(f"the {backend.device} device has no room for a graph's activations")
+        for name, (t, shape, dtype) in self.ops.inputs.items():
+            data = np.ascontiguousarray(feeds[name], dtype)
+            if data.shape != shape:
+                raise ValueError(f"input {name}: expected {list(shape)}, got {list(data.shape)}")
+            if t.contents.buffer:  # an input no output depends on has no place (and needs none)
                 g.ggml_backend_tensor_set(t, data.ctypes.data, 0, data.nbytes)
-            status = g.ggml_backend_graph_compute(backend.ptr, self.cgraph)
-            if status != STATUS_SUCCESS:
-                raise GgmlError(f"ggml's {backend.device} backend failed a graph (status {status})")
-            out = {}
-            for name, t in self.ops.outputs.items():
-                array = np.empty(self.out_shapes[name], _NUMPY_TYPES[t.contents.type])
-                g.ggml_backend_tensor_get(t, array.ctypes.data, 0, array.nbytes)
-                out[name] = array
+        status = g.ggml_backend_graph_compute(backend.ptr, self.cgraph)
+        if status != STATUS_SUCCESS:
+            raise GgmlError(f"ggml's {backend.device} backend failed a graph (status {status})")
+        out = {}
+        for name, t in self.ops.outputs.items():
+            array = np.empty(self.ops.output_shapes[name], _NUMPY_TYPES[t.contents.type])
+            g.ggml_backend_tensor_get(t, array.ctypes.data, 0, array.nbytes)
+            out[name] = array
         return out
 
     def close(self) -> None:
@@ -209,18 +206,56 @@ class Graph:
             self.ops.ctx = None
 
 
-class Allocator:
-    """One ggml_gallocr for the graphs of one owner: each run plans its graph in the same buffer."""
+class GraphCache:
+    """The graphs of one stage, built once per key (`build(key) -> Ops`) and kept (the least recently used
+    goes beyond `max_graphs`), all placed in one activation buffer. `reserve` sizes that buffer for the
+    largest graphs at load: it then never moves, and should a graph still need a larger one, every other
+    graph is built again (ggml-vulkan failed on graphs kept across a move of their buffer)."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, build: Callable[[Hashable], Ops], max_graphs: int):
         self.backend = backend
-        self.ptr = ggml().ggml_gallocr_new(backend.buffer_type)
+        self._build = build
+        self._max_graphs = max_graphs
+        self._graphs: OrderedDict[Hashable, Graph] = OrderedDict()
+        self._allocator = ggml().ggml_gallocr_new(backend.buffer_type)
+        self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
-        return int(ggml().ggml_gallocr_get_buffer_size(self.ptr, 0)) if self.ptr else 0
+        """The activation buffer's size."""
+        return int(ggml().ggml_gallocr_get_buffer_size(self._allocator, 0)) if self._allocator else 0
+
+    def reserve(self, keys) -> None:
+        """Size the buffer for the graphs of `keys` (the largest a stage makes)."""
+        with self._lock:
+            for key in keys:
+                if not ggml().ggml_gallocr_reserve(self._allocator, self._graph(key).cgraph):
+                    raise GgmlError(f"the {self.backend.device} device has no room for a graph's activations")
+
+    def run(self, key: Hashable, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._lock, self.backend.lock:
+            graph = self._graph(key)
+            before = self.nbytes
+            out = graph.compute(self.backend, self._allocator, feeds)
+            if before and self.nbytes != before:  # the buffer moved: the other graphs are built again
+                for other in [k for k in self._graphs if k != key]:
+                    self._graphs.pop(other).close()
+            return out
+
+    def _graph(self, key: Hashable) -> Graph:
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = Graph(self._build(key))
+            while len(self._graphs) > self._max_graphs:
+                self._graphs.popitem(last=False)[1].close()
+        self._graphs.move_to_end(key)
+        return graph
 
     def close(self) -> None:
-        if self.ptr:
-            ggml().ggml_gallocr_free(self.ptr)
-            self.ptr = None
+        with self._lock:
+            for graph in self._graphs.values():
+                graph.close()
+            self._graphs.clear()
+            if self._allocator:
+                ggml().ggml_gallocr_free(self._allocator)
+                self._allocator = None

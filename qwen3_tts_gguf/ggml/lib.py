@@ -66,7 +66,7 @@ _FUNCS = {
     "ggml_set_input": ([T], None), "ggml_set_output": ([T], None), "ggml_nbytes": ([T], _sz),
     "ggml_set_name": ([T, ctypes.c_char_p], T), "ggml_mul_mat_set_prec": ([T, _i], None),
     "ggml_gallocr_new": ([_vp], _vp), "ggml_gallocr_free": ([_vp], None),
-    "ggml_gallocr_alloc_graph": ([_vp, _vp], _b), "ggml_gallocr_get_buffer_size": ([_vp, _i], _sz),
+    "ggml_gallocr_alloc_graph": ([_vp, _vp], _b), "ggml_gallocr_reserve": ([_vp, _vp], _b), "ggml_gallocr_get_buffer_size": ([_vp, _i], _sz),
     "ggml_backend_alloc_ctx_tensors": ([_vp, _vp], _vp), "ggml_backend_buffer_free": ([_vp], None),
     "ggml_backend_buffer_get_size": ([_vp], _sz),
     "ggml_backend_get_default_buffer_type": ([_vp], _vp), "ggml_backend_name": ([_vp], ctypes.c_char_p),

@@ -19,7 +19,6 @@ What a call computes is `convert/predictor_graph.py`'s frame with `model/sampler
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.predictor_graph import rope_tables
-from qwen3_tts_gguf.ggml.graph import Allocator, Backend, Graph, Ops, Weights
+from qwen3_tts_gguf.ggml.graph import Backend, GraphCache, Ops, Weights
 from qwen3_tts_gguf.ggml.lib import TYPE_F16, TYPE_F32, TYPE_I32
 from qwen3_tts_gguf.model.predictor import NUM_STEPS, PredictorOutput
 from qwen3_tts_gguf.model.sampler import SamplingParams
@@ -115,20 +114,17 @@ class GgmlCodePredictor:
         cos, sin = rope_tables(self.shape.head_dim, ROPE_THETA, np.arange(NUM_STEPS + 1))
         arrays["rope_cos"], arrays["rope_sin"] = cos, sin
         self.weights = Weights(backend, arrays, types)
-        self.allocator = Allocator(backend)
-        self._graphs: OrderedDict[tuple, Graph] = OrderedDict()
-        self._max_graphs = max_graphs
+        self._graphs = GraphCache(backend, lambda key: _PredictorGraph(self.shape, self.weights, *key).ops, max_graphs)
+        widest = 64 if backend.is_cpu else GPU_MAX_ROWS
+        self._graphs.reserve([(widest, _Sampling(1.0, self.codebook_size, 0.5))])
         self._device_locks = tuple(device_locks)
 
     @property
     def nbytes(self) -> int:
-        return self.weights.nbytes + self.allocator.nbytes
+        return self.weights.nbytes + self._graphs.nbytes
 
     def close(self) -> None:
-        for graph in self._graphs.values():
-            graph.close()
-        self._graphs.clear()
-        self.allocator.close()
+        self._graphs.close()
         self.weights.close()
 
     def predict(self, hidden: np.ndarray, code0: np.ndarray, params: SamplingParams | Sequence[SamplingParams],
@@ -178,18 +174,9 @@ class GgmlCodePredictor:
         return _Sampling(self.baked_temperature / float(p.temperature), k, float(p.top_p))
 
     def _run(self, setting: _Sampling, hidden, code0, rand, greedy) -> tuple[np.ndarray, np.ndarray]:
-        batch = len(hidden)
-        key = (batch, setting)
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = Graph(_PredictorGraph(self.shape, self.weights, batch, setting).ops, self.allocator)
-            self._graphs[key] = graph
-            while len(self._graphs) > self._max_graphs:
-                self._graphs.popitem(last=False)[1].close()
-        self._graphs.move_to_end(key)
         feeds = {"hidden": hidden, "code0": code0.astype(np.int32), "rand": rand, "greedy": greedy[:, None]}
         with hold_devices(self._device_locks):
-            out = graph.run(feeds)
+            out = self._graphs.run((len(hidden), setting), feeds)
         codes = out["codes"].astype(np.int64)
         if codes.min() < 0 or codes.max() >= self.codebook_size:  # never: a broken device answer, refused
             raise ValueError(f"the ggml code predictor made a code outside [0, {self.codebook_size})")
