@@ -4,8 +4,8 @@ converted graphs. Float64 by default, so they serve as the truth for fp32 graphs
 `decoder_stack` runs a talker ("talker.model") or code-predictor ("talker.code_predictor.model")
 stack over a sequence of input rows with full causal attention and returns the post-final-norm
 hidden states; `code_predictor_logits` builds the teacher-forced code-predictor forward on it.
-Each forward takes `observe(name, x)`, called with every matrix product's input `x` and the checkpoint
-name of its weight (`convert/precision/activation_ranges.py` measures activation ranges with it).
+`decoder_stack`, `code_predictor_logits` and `codec_upsampled` (the codec up to its vocoder) take
+`observe(name, x)`, called with every matrix product's input `x` and the checkpoint name of its weight (`convert/precision/activation_ranges.py` measures activation ranges with it).
 
 `decode_codes(weights, cfg, codes)` is the 12 Hz codec decoder's (code2wav) whole-utterance forward:
 it reads the speech tokenizer's `decoder.*` tensors directly and computes what the official
@@ -211,20 +211,20 @@ def _transformer(w, cfg: CodecDecoderConfig, x: np.ndarray, observe: Observer | 
     return mm(h, "output_proj.weight") + w(p + "output_proj.bias")
 
 
-def _convnext(w, prefix: str, x: np.ndarray) -> np.ndarray:
+def _convnext(w, prefix: str, x: np.ndarray, observe: Observer | None = None) -> np.ndarray:
     """ConvNeXt block on x [C, L]: depthwise causal k7 -> LayerNorm(1e-6) -> MLP (GELU) -> gamma -> +x."""
     y = _depthwise_causal_conv(x, w(prefix + "dwconv.conv.weight"), w(prefix + "dwconv.conv.bias")).T
     y = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-6)
     y = y * w(prefix + "norm.weight") + w(prefix + "norm.bias")
-    y = _gelu(y @ w(prefix + "pwconv1.weight").T + w(prefix + "pwconv1.bias"))
-    y = (y @ w(prefix + "pwconv2.weight").T + w(prefix + "pwconv2.bias")) * w(prefix + "gamma")
+    y = _gelu(_linear(w, prefix + "pwconv1.weight", y, observe) + w(prefix + "pwconv1.bias"))
+    y = (_linear(w, prefix + "pwconv2.weight", y, observe) + w(prefix + "pwconv2.bias")) * w(prefix + "gamma")
     return x + y.T
 
 
-def codec_transformer(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, codes: np.ndarray,
-                      dtype=np.float64, observe: Observer | None = None) -> np.ndarray:
-    """The first steps of `decode_codes`: codes [T, num_quantizers] -> dequantised, pre_conv, through the
-    transformer: [latent, T]."""
+def codec_upsampled(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, codes: np.ndarray,
+                    dtype=np.float64, observe: Observer | None = None) -> np.ndarray:
+    """The steps of `decode_codes` before its vocoder: codes [T, num_quantizers] -> dequantised, pre_conv,
+    transformer, upsampling: [latent, T * prod(upsampling_ratios)]."""
     codes = np.maximum(np.asarray(codes, dtype=np.int64), 0)
     if codes.ndim != 2 or codes.shape[1] != cfg.num_quantizers or codes.shape[0] < 1:
         raise ValueError(f"codes must be [T>=1, {cfg.num_quantizers}], got {list(codes.shape)}")
@@ -244,7 +244,13 @@ def codec_transformer(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig
          + w("decoder.quantizer.rvq_rest.output_proj.weight")[:, :, 0] @ ac.T)
     # (2) pre_conv, (3) transformer
     x = _causal_conv(z, w("decoder.pre_conv.conv.weight"), w("decoder.pre_conv.conv.bias"))
-    return _transformer(w, cfg, x.T, observe).T
+    x = _transformer(w, cfg, x.T, observe).T
+    # (4) upsampling: ConvTranspose k=s (no trim) + ConvNeXt
+    for u, factor in enumerate(cfg.upsampling_ratios):
+        q = f"decoder.upsample.{u}."
+        x = _causal_trans_conv(x, w(q + "0.conv.weight"), w(q + "0.conv.bias"), factor)
+        x = _convnext(w, q + "1.", x, observe)
+    return x
 
 
 def decode_codes(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, codes: np.ndarray,
@@ -254,12 +260,7 @@ def decode_codes(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, cod
     `weights` maps the speech tokenizer's tensor names (`decoder.*`) to arrays. Negative codes
     (padding) count as 0, as the official wrapper clamps them; codes >= codebook_size are refused."""
     w = _reader(weights, dtype)
-    x = codec_transformer(weights, cfg, codes, dtype)
-    # (4) upsampling: ConvTranspose k=s (no trim) + ConvNeXt
-    for u, factor in enumerate(cfg.upsampling_ratios):
-        q = f"decoder.upsample.{u}."
-        x = _causal_trans_conv(x, w(q + "0.conv.weight"), w(q + "0.conv.bias"), factor)
-        x = _convnext(w, q + "1.", x)
+    x = codec_upsampled(weights, cfg, codes, dtype)
     # (5) vocoder
     x = _causal_conv(x, w("decoder.decoder.0.conv.weight"), w("decoder.decoder.0.conv.bias"))
     for n, rate in enumerate(cfg.upsample_rates, start=1):

@@ -9,7 +9,8 @@ NaN, then an out-of-range gather that aborts the process. Random weights never r
 `measure(ckpt, prompts)` runs PROMPTS through the fp32 numpy reference (`convert/numpy_reference.py`):
 the talker prefills the prompts side by side and makes FRAMES frames of each (codebook 0 greedy,
 codebooks 1-15 from two teacher-forced passes of the code predictor), and the codec decoder's
-transformer decodes those frames and CODEC_RANDOM_FRAMES random ones. For every weight it records its
+transformer and upsampling blocks (up to its vocoder) decode those frames and CODEC_RANDOM_FRAMES
+random ones. For every weight it records its
 input's peak |x| and its largest peak-to-median ratio within one row. Results are keyed by checkpoint
 tensor name (the speech tokenizer's `decoder.*` names for the codec), never by a file format's.
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
-from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, codec_transformer, decoder_stack
+from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, codec_upsampled, decoder_stack
 from qwen3_tts_gguf.model.prompt import PromptBuilder, VoiceSpec
 
 PROMPTS = (("Hello, this is a test of the speech system. How are you today?", "english"),
@@ -155,7 +156,7 @@ def measure(ckpt: Checkpoint, prompts: PromptBuilder, frames: int = FRAMES) -> A
         rows = [np.concatenate([r, prompts.tables.frame_rows(f[None]) + t]) for r, f, t in zip(rows, made[-1], text)]
     rng = np.random.default_rng(0)
     codes = np.concatenate([*made, rng.integers(0, cfg.codec.codebook_size, (CODEC_RANDOM_FRAMES, 16))])
-    codec_transformer(ckpt.codec_weights, cfg.codec, codes, np.float32, ranges.observe)
+    codec_upsampled(ckpt.codec_weights, cfg.codec, codes, np.float32, ranges.observe)
     return ranges
 
 
