@@ -5,7 +5,8 @@ converted graphs. Float64 by default, so they serve as the truth for fp32 graphs
 stack over a sequence of input rows with full causal attention and returns the post-final-norm
 hidden states; `code_predictor_logits` builds the teacher-forced code-predictor forward on it.
 `decoder_stack`, `code_predictor_logits` and `codec_upsampled` (the codec up to its vocoder) take
-`observe(name, x)`, called with every matrix product's input `x` and the checkpoint name of its weight (`convert/precision/activation_ranges.py` measures activation ranges with it).
+`observe(name, x)`, called with every matrix product's input `x` and the checkpoint name of its
+weight (`convert/precision/activation_ranges.py` measures activation ranges with it).
 
 `decode_codes(weights, cfg, codes)` is the 12 Hz codec decoder's (code2wav) whole-utterance forward:
 it reads the speech tokenizer's `decoder.*` tensors directly and computes what the official

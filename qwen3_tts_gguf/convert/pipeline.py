@@ -207,8 +207,8 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, quant: str = "q8
         # gains nothing this way: its convolutions read the weights at every call); then the CPU's graph,
         # fused attention on those same weights (manifest.PREDICTOR_CPU_FILE)
         portable, cpu = quantize_code_predictors(
-            [build_code_predictor(ckpt), build_code_predictor(ckpt, attention="standard")], cp_precision, cp_block_size,
-            kept[PREDICTOR_FILE])
+            [build_code_predictor(ckpt), build_code_predictor(ckpt, attention="standard")], cp_precision,
+            cp_block_size, kept[PREDICTOR_FILE])
         save_model(portable, tmp / PREDICTOR_FILE, external=True)
         save_model_sharing_weights(cpu, tmp / PREDICTOR_CPU_FILE, tmp / PREDICTOR_FILE)
         bar.update()
@@ -320,12 +320,14 @@ def prompt_builder(tokenizer_dir: Path, manifest: Manifest, tables: Path) -> Pro
 def _print_activations(ranges: ActivationRanges, kept: dict[str, frozenset[str]]) -> None:
     """The convert report's lines on activation ranges: the largest peaks, what each file keeps at f32."""
     report = ranges.report(kept)
-    peaks = "; ".join(f"{stage} {max(found.values(), default=0):.4g}" for stage, found in report["largest_peaks"].items())
+    peaks = "; ".join(f"{stage} {max(found.values(), default=0):.4g}"
+                      for stage, found in report["largest_peaks"].items())
     print(f"activation peaks ({report['measured']}): {peaks}")
     for file, weights in report["kept_f32"].items():
         if weights:
             print(f"{file} keeps at f32 (their inputs leave its format's range): " + ", ".join(
-                f"{name} (peak {r['peak']:.4g}, {r['peak_to_median']:.4g}x the median)" for name, r in weights.items()))
+                f"{name} (peak {r['peak']:.4g}, {r['peak_to_median']:.4g}x the median)"
+                for name, r in weights.items()))
 
 
 def _check_source(ckpt: Checkpoint, manifest: Manifest, folder: Path) -> None:
