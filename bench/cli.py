@@ -432,7 +432,8 @@ def _codec(progress, threads: int, quiet_s: float) -> dict:
 
 def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -> dict:
     """The stage-runtimes block (bench/stage_runtimes.py) per shape, each in a worker: the code predictor on ONNX
-    Runtime (fp32, int8) and llama.cpp (f32, f16), the codec on ONNX Runtime and llama.cpp (f32)."""
+    Runtime (fp32, int8), the project's ggml graphs and llama.cpp (f32, f16), the codec on ONNX Runtime, the ggml
+    graphs and llama.cpp (f32)."""
     from qwen3_tts_gguf.convert.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.llama_stages import write_llama_stages
     from qwen3_tts_gguf.convert.presets import PRESETS
@@ -457,7 +458,12 @@ def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -
                  precision="f32"),
             dict(name="cp llama f16", stage="predictor", runtime="llama", folder=str(int8), stages_file=str(default),
                  precision="f16"),
+            dict(name="cp ggml f32", stage="predictor", runtime="ggml", folder=str(fp32), stages_file=str(exact),
+                 precision="f32"),
+            dict(name="cp ggml f16", stage="predictor", runtime="ggml", folder=str(int8), stages_file=str(default),
+                 precision="f16"),
             dict(name="codec onnx fp32", stage="codec", runtime="onnxruntime", folder=str(int8), precision="fp32"),
+            dict(name="codec ggml f32", stage="codec", runtime="ggml", folder=str(int8), precision="f32"),
             dict(name="codec llama f32", stage="codec", runtime="llama", folder=str(int8), stages_file=str(default),
                  precision="f32"),
         ]

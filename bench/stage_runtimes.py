@@ -1,12 +1,13 @@
-"""The code predictor and the codec on each runtime a CPU can use: ONNX Runtime's graphs and llama.cpp's own
-Qwen3-TTS graphs (`--cp-runtime`, `--codec-runtime`; docs/gpu.md), side by side in one process, rounds
-alternating their order.
+"""The code predictor and the codec on each runtime a CPU can use: ONNX Runtime's graphs, the project's ggml
+graphs (on ggml's CPU backend) and llama.cpp's own Qwen3-TTS graphs (`--cp-runtime`, `--codec-runtime`;
+docs/gpu.md), side by side in one process, rounds alternating their order.
 
-Per stage and runtime: ms per frame for one stream and for eight (the ONNX code predictor decodes the eight
-in one batched call; llama.cpp's `code_gen` takes one stream a call, so eight are eight calls; the codec
-follows the engine's chunk ramp, 1-2-4-8-8..., one state per stream), the resident memory its file added
-when it was loaded, and its agreement with the fp32 ONNX graph: greedy codes equal (code predictor, on
-the same talker states) and the SNR of the audio (codec). Random weights: speed does not depend on them.
+Per stage and runtime: ms per frame for one stream and for eight (the ONNX and ggml code predictors decode
+the eight in one batched call; llama.cpp's `code_gen` takes one stream a call, so eight are eight calls; the
+codec follows the engine's chunk ramp, 1-2-4-8-8..., one state per stream), the codec's ms per frame at
+fixed chunks of 1, 2, 4 and 8 frames with its work a frame (FLOPs), the resident memory its file added when
+it was loaded, and its agreement with the fp32 ONNX graph: greedy codes equal (code predictor, on the same
+talker states) and the SNR of the audio (codec). Random weights: speed does not depend on them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from bench.codec_precision import snr_db
 from bench.common import Meter, median, rss_mb, wait_for_quiet
 
 STREAMS = (1, 8)
+CHUNKS = (1, 2, 4, 8)
+"""The codec's fixed chunks (frames a call)."""
+LLAMA_WINDOW_FLOPS = 300e9
+"""libmtmd's `code2wav` decodes a 72-frame window a call at the published shape (docs/benchmarks.md)."""
 
 
 def _chunks(frames: int) -> list[int]:
@@ -37,9 +42,22 @@ def _chunks(frames: int) -> list[int]:
 
 
 def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threads: int, hidden_size: int):
-    """(stage object, the llama.cpp context to close or None)."""
+    """(stage object, what to close or None)."""
     from qwen3_tts_gguf.model.manifest import CODEC_FILE, load_manifest
 
+    if runtime == "ggml":
+        from qwen3_tts_gguf.ggml.graph import Backend
+
+        backend = Backend(threads=threads)
+        if kind == "predictor":
+            from qwen3_tts_gguf.ggml.predictor import GgmlCodePredictor
+
+            stage = GgmlCodePredictor(stages_file, backend, temperature=load_manifest(folder).llama_stages["temperature"])
+        else:
+            from qwen3_tts_gguf.ggml.codec import GgmlCodec
+
+            stage = GgmlCodec(folder / CODEC_FILE, backend)
+        return stage, _Closing(stage, backend)
     if runtime == "onnxruntime":
         if kind == "predictor":
             from qwen3_tts_gguf.model.loaded import predictor_file
@@ -53,6 +71,25 @@ def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threa
 
     stages = LlamaStages(stages_file, threads=threads)
     return (LlamaCodePredictor(stages, hidden_size) if kind == "predictor" else LlamaCodec(stages)), stages
+
+
+class _Closing:
+    """Closes a ggml stage, then its backend."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+def _chunked_ms(codec, codes: np.ndarray, chunk: int) -> float:
+    """ms per frame of one stream decoding `codes` in calls of `chunk` frames."""
+    state, t0 = None, time.perf_counter()
+    for at in range(0, len(codes), chunk):
+        _, state = codec.decode(codes[at:at + chunk], state)
+    return 1000 * (time.perf_counter() - t0) / len(codes)
 
 
 def _predict(predictor, hidden: np.ndarray, code0: np.ndarray, greedy: bool, rngs: list | None = None) -> np.ndarray:
@@ -106,7 +143,7 @@ times one stream's calls, one after another (llama_stages.py), so that case is n
 
 def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 2, quiet_s: float = 0.0,
             progress=None) -> dict:
-    """`variants`: {"name", "stage" (predictor | codec), "runtime" (onnxruntime | llama), "folder", "stages_file",
+    """`variants`: {"name", "stage" (predictor | codec), "runtime" (onnxruntime | ggml | llama), "folder", "stages_file",
     "precision"}; the first of each stage is its reference (fp32 ONNX). Returns every variant's figures."""
     from qwen3_tts_gguf.model.manifest import load_manifest
 
@@ -141,6 +178,17 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
             # agreement (and the warm-up): greedy codes on the same states; the codec's whole audio
             got = (_predict(obj, hidden[:frames], code0[:frames], True) if stage == "predictor"
                    else _time_codec(obj, codes, 1)[1])
+            if stage == "codec":
+                entry.update({f"chunk_ms_{c}": [] for c in CHUNKS})
+                if v["runtime"] == "ggml":
+                    entry["gflop_per_frame"] = {c: obj.flops_per_frame(c) / 1e9 for c in CHUNKS}
+                elif v["runtime"] == "onnxruntime":
+                    from bench.physics import codec_cost
+
+                    flops = codec_cost(Path(v["folder"]) / "codec_decoder.onnx", threads)["flops_per_frame"] / 1e9
+                    entry["gflop_per_frame"] = {c: flops for c in CHUNKS}
+                else:
+                    entry["gflop_per_frame"] = {c: LLAMA_WINDOW_FLOPS / 1e9 / c for c in CHUNKS}
             if stage not in reference:
                 reference[stage], entry["reference"] = got, True
             elif stage == "predictor":
@@ -163,10 +211,17 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
                             ms, _ = _time_codec(obj, codes, n)
                     entry[f"ms_per_frame_{n}"].append(ms)
                     entry["background"].append(m.background)
+                if entry["stage"] == "codec" and entry["runtime"] != SEQUENTIAL_CODEC:  # a window a call: not timed
+                    for c in CHUNKS:
+                        wait_for_quiet(quiet_s)
+                        entry[f"chunk_ms_{c}"].append(_chunked_ms(obj, codes, c))
     finally:
         for closer in closers:
             closer.close()
     for entry in out["variants"].values():
         for n in STREAMS:
             entry[f"median_ms_{n}"] = median(entry[f"ms_per_frame_{n}"])
+        for c in CHUNKS:
+            if entry.get(f"chunk_ms_{c}"):
+                entry[f"median_chunk_ms_{c}"] = median(entry[f"chunk_ms_{c}"])
     return out

@@ -19,7 +19,7 @@
 #                                  LLAMA_CPP_LIB_PATH and MTMD_CPP_LIB, then per backend scripts/gpu_check.py:
 #                                  parity (the narrow-codec model: talker logits, greedy codes and codec SNR of
 #                                  each runtime against the machine's CPU) and speed (a random 1.7B model: first
-#                                  audio, RTF at 1, 8 and 32 streams, peak device memory against the seed's
+#                                  audio, RTF at 1, 8, 32 and 64 streams, peak device memory against the seed's
 #                                  1.8 GB). One call does what fits in GPU_CHECK_BUDGET_S (default 540 s) and
 #                                  says what it left; builds and models stay in .cache/gpu-check/ (ignored, so
 #                                  never carried and kept on the warm machine): the same command again goes on.
@@ -133,7 +133,7 @@ install_wheels() {  # the carried wheels whose module this Python lacks, unpacke
 check_backend() {  # LABEL LIBDIR: parity, then speed, with this llama.cpp
   local label="$1" lib="$2" rc=0 cpu_flag=() speed=()
   [ "${GPU_CHECK_CPU:-0}" = 1 ] && cpu_flag=(--cpu)
-  speed=(--shape "${GPU_CHECK_SHAPE:-1.7b}" --streams "${GPU_CHECK_STREAMS:-1,8,32}" --frames "${GPU_CHECK_FRAMES:-48}")
+  speed=(--shape "${GPU_CHECK_SHAPE:-1.7b}" --streams "${GPU_CHECK_STREAMS:-1,8,32,64}" --frames "${GPU_CHECK_FRAMES:-48}")
   local env=(LLAMA_CPP_LIB_PATH="$lib" MTMD_CPP_LIB="$lib" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
              PYTHONPATH="$pythonpath" PYTHONUNBUFFERED=1)
   echo "== doctor ($label)"

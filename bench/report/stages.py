@@ -1,8 +1,12 @@
-"""The *Stage runtimes* section: the code predictor and the codec on ONNX Runtime and on llama.cpp's graphs."""
+"""The *Stage runtimes* section: the code predictor and the codec on ONNX Runtime, the project's ggml graphs and
+llama.cpp's graphs."""
 
 from __future__ import annotations
 
 from bench.report.format import _block_origin, _share
+from bench.stage_runtimes import CHUNKS
+
+
 
 
 def _ms(value: float | None) -> str:
@@ -20,8 +24,8 @@ def render_stages(block: dict, standalone: bool = False) -> str:
       "random frames per stream (random talker states into the code predictor; random codes into the codec, "
       f"decoded in the engine's chunks {' + '.join(map(str, first.get('chunks', [])))}), "
       f"{first.get('rounds')} rounds with the variants alternating, one process per shape "
-      "(`bench/stage_runtimes.py`). Eight streams: the ONNX code predictor decodes them in one batched call a "
-      "step; llama.cpp's `code_gen` takes one stream a call. *Loaded*: resident memory its file added when it was "
+      "(`bench/stage_runtimes.py`). Eight streams: the ONNX and ggml code predictors decode them in one batched "
+      "call a step; llama.cpp's `code_gen` takes one stream a call. *Loaded*: resident memory its file added when it was "
       "loaded (each variant loads its own copy; llama.cpp's file holds both stages, so its figure counts both). "
       "*Agreement*: against the fp32 ONNX graph: greedy codes equal on the same states (code predictor), SNR of the "
       "audio (codec). Random weights: speed does not depend on them; agreement must be measured again on real "
@@ -52,7 +56,19 @@ def render_stages(block: dict, standalone: bool = False) -> str:
               f"{eight} | {v.get('loaded_mb', 0):.0f} | {agreement} | "
               f"{_share(v.get('background', []))} |")
         w("")
-    w("On a CPU each stage keeps ONNX Runtime by default (`--cp-runtime auto`, `--codec-runtime auto`): llama.cpp's "
-      "graphs are for a GPU that ONNX Runtime cannot reach (Vulkan; docs/gpu.md), and its codec decodes a whole "
-      "72-frame window on every call.\n")
+        codecs = {name: v for name, v in variants.items() if v["stage"] == "codec" and "error" not in v}
+        if codecs:
+            w("The codec at fixed chunks, one stream: ms per frame (GFLOP per frame; libmtmd's a 72-frame window "
+              "a call, not timed at these chunks)\n")
+            w("| runtime | " + " | ".join(f"chunk {c}" for c in CHUNKS) + " |")
+            w("|---|" + "---|" * len(CHUNKS))
+            for name, v in codecs.items():
+                flops = v.get("gflop_per_frame") or {}
+                cells = [f"{_ms(v.get(f'median_chunk_ms_{c}'))} ({flops.get(c, flops.get(str(c), 0)):.2f})"
+                         for c in CHUNKS]
+                w(f"| {v['runtime']} | " + " | ".join(cells) + " |")
+            w("")
+    w("On a CPU each stage keeps ONNX Runtime by default (`--cp-runtime auto`, `--codec-runtime auto`), which measures "
+      "fastest there; the ggml graphs are `auto`'s on a GPU that ONNX Runtime cannot reach (Vulkan; docs/gpu.md); "
+      "llama.cpp's codec decodes a whole 72-frame window on every call.\n")
     return "\n".join(out) + "\n"

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
-from qwen3_tts_gguf.ggml.graph import Backend, GraphCache, Ops, Weights
+from qwen3_tts_gguf.ggml.graph import Backend, Graph, GraphCache, Ops, Weights
 from qwen3_tts_gguf.ggml.lib import TYPE_F32
 from qwen3_tts_gguf.model.codec import CodecState, split_states, stack_states
 from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
@@ -124,6 +124,15 @@ class GgmlCodec:
             parts.append(wav)
         wav = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         return (wav[0] if single else wav), state
+
+    def flops_per_frame(self, frames: int, batch: int = 1) -> float:
+        """The work of one call of `batch` streams x `frames` frames, per frame (bench: against the ONNX codec's
+        count and libmtmd's window)."""
+        graph = Graph(_CodecGraph(self.cfg, self.weights, self.state_specs, batch, frames).ops)
+        try:
+            return graph.flops() / (batch * frames)
+        finally:
+            graph.close()
 
     def decode_all(self, codes: np.ndarray) -> np.ndarray:
         wav, _ = self.decode(codes)

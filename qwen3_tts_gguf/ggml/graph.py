@@ -175,6 +175,19 @@ class Graph:
             g.ggml_build_forward_expand(self.cgraph, t)
         self.nodes = g.ggml_graph_n_nodes(self.cgraph)
 
+    def flops(self) -> int:
+        """Floating-point operations of one run: its matrix products (2 x rows x columns x depth) and causal
+        depthwise convolutions; elementwise work is left out, as in the ONNX graphs' counts (bench/physics.py)."""
+        g = ggml()
+        total = 0
+        for i in range(self.nodes):
+            node = g.ggml_graph_node(self.cgraph, i).contents
+            op = g.ggml_op_name(node.op).decode()
+            if op in ("MUL_MAT", "SSM_CONV"):
+                a, b = (ctypes.cast(node.src[k], T).contents for k in (0, 1))
+                total += 2 * int(np.prod(list(node.ne))) * (a.ne[0] if op == "MUL_MAT" else b.ne[0])
+        return total
+
     def compute(self, backend: Backend, allocator_ptr, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = ggml()
         # ggml_gallocr keeps a tensor that already has an address where it is: this graph's own tensors are

@@ -63,6 +63,7 @@ _FUNCS = {
     "ggml_init": ([InitParams], _vp), "ggml_free": ([_vp], None), "ggml_tensor_overhead": ([], _sz),
     "ggml_graph_overhead_custom": ([_sz, _b], _sz), "ggml_new_graph_custom": ([_vp, _sz, _b], _vp),
     "ggml_build_forward_expand": ([_vp, T], None), "ggml_graph_n_nodes": ([_vp], _i),
+    "ggml_graph_node": ([_vp, _i], T), "ggml_op_name": ([_i], ctypes.c_char_p),
     "ggml_set_input": ([T], None), "ggml_set_output": ([T], None), "ggml_nbytes": ([T], _sz),
     "ggml_set_name": ([T, ctypes.c_char_p], T), "ggml_mul_mat_set_prec": ([T, _i], None),
     "ggml_gallocr_new": ([_vp], _vp), "ggml_gallocr_free": ([_vp], None),
