@@ -5,7 +5,8 @@ It reads the llama stages file's code predictor, so these tests use the tiny tal
 (`tiny_realcodec_*`, at the exact preset: f32). What holds: greedy codes equal the official implementation's
 (up to a near tie: tests/greedy_agreement.py) and the fp32 ONNX code predictor's, with the same frame
 embeddings; sampled codes, given the same uniform draws, equal the ONNX graph's draws (the same sampler
-semantics); a row's codes are the same alone or beside other rows (a seed means the same audio).
+semantics); a row's codes are the same alone or beside other rows (a seed means the same audio; seeded
+streams through the engine: tests/test_llama_stages.py, `test_seeded_sampling_reproduces_...[ggml]`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.ggml.graph import Backend
 from qwen3_tts_gguf.ggml.predictor import GgmlCodePredictor
 from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, PREDICTOR_FILE, load_manifest
@@ -22,7 +22,7 @@ from qwen3_tts_gguf.model.prompt import ReferencePrompt, VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
 from tests.greedy_agreement import assert_greedy_codes_agree, recording
 from tests.reference.runner import clone_prompt, official_generate
-from tests.test_llama_stages import CASES, FRAMES, greedy_request, open_engine, speak
+from tests.test_llama_stages import CASES, assert_case_equals_official, greedy_request, open_engine, speak
 
 SAMPLED = SamplingParams(temperature=0.9, top_k=50, top_p=1.0)
 
@@ -55,20 +55,9 @@ def predictors(exact):
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=lambda c: f"{c[0]}-{c[3]}")
 def test_greedy_codes_equal_official(case, engines, checkpoint_factory):
-    kind, text, voice, text_mode = case
-    engine = engines[kind]
+    engine = engines[case[0]]
     assert (engine.model.runtimes.predictor, engine.model.runtimes.codec) == ("ggml", "onnxruntime")
-    inputs = recording(engine)
-    try:
-        result, wav = speak(engine, greedy_request(text, voice, text_mode))
-    finally:
-        del engine.model.predictor.predict
-    checkpoint = checkpoint_factory(f"tiny_realcodec_{kind}")
-    ref_codes, ref_wav = official_generate(checkpoint, text, speaker=voice.speaker, language=voice.language,
-                                           instruct=voice.instruct, non_streaming=text_mode == "non-streaming",
-                                           frames=FRAMES)
-    assert_greedy_codes_agree(result.codes, ref_codes, inputs, checkpoint)
-    assert wav.shape == ref_wav.shape
+    assert_case_equals_official(engine, case, checkpoint_factory)
 
 
 def test_greedy_codes_of_a_clone_equal_official(engines, checkpoint_factory):
@@ -118,25 +107,6 @@ def test_a_row_is_the_same_alone_and_beside_others(predictors):
         alone = ggml.predict(hidden[i:i + 1], code0[i:i + 1], params[i], rand=rand[i:i + 1])
         np.testing.assert_array_equal(alone.codes[0], together.codes[i])
         np.testing.assert_array_equal(alone.frame_embedding[0], together.frame_embedding[i])
-
-
-def test_seeded_streams_reproduce_alone_and_beside_others(exact):
-    engine = open_engine(exact["cv"], cp_runtime="ggml")
-    try:
-        def request(seed: int) -> SynthesisRequest:
-            return SynthesisRequest("Seeded speech sounds the same.", VoiceSpec(speaker="ryan", language="english"),
-                                    talker=TalkerSampling(SAMPLED), code_predictor=SAMPLED, seed=seed,
-                                    max_frames=FRAMES, ignore_eos=True)
-
-        alone = speak(engine, request(5))[0].codes
-        streams = [engine.submit(request(seed)) for seed in (5, 5, 6)]
-        for stream in streams:
-            list(stream)
-        assert np.array_equal(streams[0].result.codes, alone) and np.array_equal(streams[1].result.codes, alone)
-        assert not np.array_equal(streams[2].result.codes, alone)
-    finally:
-        engine.stop()
-        engine.model.close()
 
 
 def test_inputs_ggml_could_not_take_are_refused_before_the_call(predictors):

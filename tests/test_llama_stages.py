@@ -72,9 +72,14 @@ CASES = [  # (model, text, voice, text_mode)
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[3]}")
 def test_llama_code_predictor_greedy_codes_equal_official(case, cp_engines, checkpoint_factory):
-    kind, text, voice, text_mode = case
-    engine = cp_engines[kind]
+    engine = cp_engines[case[0]]
     assert engine.model.runtimes.predictor == "llama" and engine.model.runtimes.codec == "onnxruntime"
+    assert_case_equals_official(engine, case, checkpoint_factory)
+
+
+def assert_case_equals_official(engine: Engine, case, checkpoint_factory) -> None:
+    """A CASES entry spoken greedily: its codes equal the official implementation's (up to a near tie)."""
+    kind, text, voice, text_mode = case
     inputs = recording(engine)
     try:
         result, wav = speak(engine, greedy_request(text, voice, text_mode))
@@ -121,9 +126,11 @@ def test_live_text_on_the_llama_code_predictor_gives_the_codes_of_the_whole_text
     np.testing.assert_array_equal(stream.result.codes, whole.codes)
 
 
-def test_seeded_sampling_on_llama_reproduces_alone_and_beside_other_streams(exact):
+@pytest.mark.parametrize("runtime", ["llama", "ggml"])
+def test_seeded_sampling_reproduces_alone_and_beside_other_streams(exact, runtime):
+    """On llama.cpp's code_gen and on the project's ggml code predictor (tests/test_ggml_predictor.py)."""
     sampled = SamplingParams(temperature=0.9, top_k=50, top_p=1.0)
-    engine = open_engine(exact["cv"], cp_runtime="llama")
+    engine = open_engine(exact["cv"], cp_runtime=runtime)
     try:
         def request(seed: int) -> SynthesisRequest:
             return SynthesisRequest("Seeded speech sounds the same.", VoiceSpec(speaker="ryan", language="english"),

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
-from qwen3_tts_gguf.ggml.graph import Backend, Graph, GraphCache, Ops, Weights
+from qwen3_tts_gguf.ggml.graph import Backend, GgmlStage, Graph, GraphCache, Ops, Weights
 from qwen3_tts_gguf.ggml.lib import TYPE_F32
-from qwen3_tts_gguf.model.codec import CodecState, split_states, stack_states
+from qwen3_tts_gguf.model.codec import CodecState, checked_codes, decode_in_calls, split_states, stack_states
 from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 
 MAX_CALL_FRAMES = 16
@@ -55,7 +55,7 @@ def _read_onnx(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     return weights, meta
 
 
-class GgmlCodec:
+class GgmlCodec(GgmlStage):
     """`CodecDecoder` on ggml. `backend`: where it runs (one backend may serve several stages)."""
 
     runtime = "ggml"
@@ -84,45 +84,19 @@ class GgmlCodec:
         exponents = np.arange(0, hd, 2).astype(np.float32) / np.float32(hd)
         self._inv_freq = np.float32(1.0) / (np.float32(self.cfg.rope_theta) ** exponents)  # as torch (fp32)
 
-    @property
-    def nbytes(self) -> int:
-        """Device memory held: weights and the activation buffer."""
-        return self.weights.nbytes + self._graphs.nbytes
-
-    def close(self) -> None:
-        self._graphs.close()
-        self.weights.close()
-
     def new_state(self, batch: int = 1) -> CodecState:
         return CodecState({name: np.zeros((batch, *shape), dtype) for name, shape, dtype in self.state_specs})
 
     def decode(self, codes: np.ndarray, state: CodecState | None = None) -> tuple[np.ndarray, CodecState]:
         """As `CodecDecoder.decode`: codes [B, N, 16] (or [N, 16]) after `state`; wav [B, N*spf] and the
         new state (the given one is not modified)."""
-        codes = np.asarray(codes)
-        single = codes.ndim == 2
-        if single:
-            codes = codes[None]
-        if codes.ndim != 3 or codes.shape[2] != self.num_quantizers or codes.shape[1] < 1 or codes.shape[0] < 1:
-            raise ValueError(f"codes must be [B, N>=1, {self.num_quantizers}] or [N, {self.num_quantizers}], "
-                             f"got {list(codes.shape)}")
-        if codes.dtype.kind not in "iu":
-            raise ValueError(f"codes must be integers, got {codes.dtype}")
-        if codes.max() >= self.codebook_size:
-            raise ValueError(f"codes must be < {self.codebook_size}, got {int(codes.max())}")
+        codes, single = checked_codes(codes, self.num_quantizers, self.codebook_size)
         state = state if state is not None else self.new_state(codes.shape[0])
-        if state.batch != codes.shape[0]:
-            raise ValueError(f"codes have {codes.shape[0]} streams but the state has {state.batch}")
         if codes.shape[0] > self.max_call_frames:  # streams in groups: a call holds max_call_frames frames at most
             groups = [slice(at, at + self.max_call_frames) for at in range(0, codes.shape[0], self.max_call_frames)]
             parts = [self.decode(codes[g], stack_states(split_states(state)[g])) for g in groups]
             return np.concatenate([w for w, _ in parts]), stack_states([s for _, s in parts])
-        step = max(1, self.max_call_frames // codes.shape[0])
-        parts = []
-        for start in range(0, codes.shape[1], step):
-            wav, state = self._run(codes[:, start:start + step], state)
-            parts.append(wav)
-        wav = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        wav, state = decode_in_calls(self._run, codes, state, self.max_call_frames)
         return (wav[0] if single else wav), state
 
     def flops_per_frame(self, frames: int, batch: int = 1) -> float:

@@ -272,3 +272,19 @@ class GraphCache:
             if self._allocator:
                 ggml().ggml_gallocr_free(self._allocator)
                 self._allocator = None
+
+
+class GgmlStage:
+    """What a stage on ggml holds: its `weights` and its graphs (`_graphs`, a GraphCache)."""
+
+    weights: Weights
+    _graphs: GraphCache
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory held: weights and the activation buffer."""
+        return self.weights.nbytes + self._graphs.nbytes
+
+    def close(self) -> None:
+        self._graphs.close()
+        self.weights.close()

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.predictor_graph import rope_tables
-from qwen3_tts_gguf.ggml.graph import Backend, GraphCache, Ops, Weights
+from qwen3_tts_gguf.ggml.graph import Backend, GgmlStage, GraphCache, Ops, Weights
 from qwen3_tts_gguf.ggml.lib import TYPE_F16, TYPE_F32, TYPE_I32
-from qwen3_tts_gguf.model.predictor import NUM_STEPS, PredictorOutput
+from qwen3_tts_gguf.model.predictor import NUM_STEPS, PredictorOutput, uniform_draws
 from qwen3_tts_gguf.model.sampler import SamplingParams
 from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 
@@ -80,7 +80,7 @@ def _read(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     return weights, fields
 
 
-class GgmlCodePredictor:
+class GgmlCodePredictor(GgmlStage):
     """`CodePredictor.predict` on ggml. `temperature`: the sampling temperature baked into the file's
     heads (the manifest's `llama_stages.temperature`)."""
 
@@ -119,14 +119,6 @@ class GgmlCodePredictor:
         self._graphs.reserve([(widest, _Sampling(1.0, self.codebook_size, 0.5))])
         self._device_locks = tuple(device_locks)
 
-    @property
-    def nbytes(self) -> int:
-        return self.weights.nbytes + self._graphs.nbytes
-
-    def close(self) -> None:
-        self._graphs.close()
-        self.weights.close()
-
     def predict(self, hidden: np.ndarray, code0: np.ndarray, params: SamplingParams | Sequence[SamplingParams],
                 rngs: Sequence[np.random.Generator] | None = None, rand: np.ndarray | None = None) -> PredictorOutput:
         """As `CodePredictor.predict`: codes [B, 15] and frame embeddings [B, H] of B frames. Rows of one
@@ -144,13 +136,7 @@ class GgmlCodePredictor:
         params = [params] * batch if isinstance(params, SamplingParams) else list(params)
         if len(params) != batch:
             raise ValueError(f"{len(params)} sampling settings for a batch of {batch}")
-        if rand is None:
-            if rngs is None or len(rngs) != batch:
-                raise ValueError("pass either rand [B, 15] or one numpy Generator per row")
-            rand = np.stack([g.random(NUM_STEPS, dtype=np.float32) for g in rngs])
-        rand = np.ascontiguousarray(rand, np.float32)
-        if rand.shape != (batch, NUM_STEPS):
-            raise ValueError(f"rand must be [{batch}, {NUM_STEPS}], got {list(rand.shape)}")
+        rand = uniform_draws(batch, rngs, rand)
         groups: dict[_Sampling | None, list[int]] = {}
         for i, p in enumerate(params):
             groups.setdefault(None if p.greedy else self._sampling(p), []).append(i)
@@ -293,7 +279,7 @@ class _PredictorGraph:
             keep = o.step(o.scale_bias(before, -1.0, setting.top_p))  # before < p (the first always)
             top = o.add(top, o.log(keep))
         cdf = o.cumsum(o.soft_max(top))  # [B, k]
-        ne, nb = cdf.contents.ne, cdf.contents.nb
+        nb = cdf.contents.nb
         total = o.view_2d(cdf, 1, B, nb[1], (k - 1) * nb[0])  # [B, 1]
         u = o.mul(o.view_2d(self.rand, 1, B, self.rand.contents.nb[1], step * 4), total)
         above = o.sum_rows(o.step(o.sub(cdf, u)))  # candidates whose cdf exceeds u: k - position

@@ -54,6 +54,34 @@ def split_states(state: CodecState) -> list[CodecState]:
     return [CodecState({k: v[i : i + 1].copy() for k, v in state.tensors.items()}) for i in range(state.batch)]
 
 
+def checked_codes(codes: np.ndarray, num_quantizers: int, codebook_size: int) -> tuple[np.ndarray, bool]:
+    """Codes [B, N, 16] (from [N, 16]: single True) that every codec runtime can take; ValueError otherwise."""
+    codes = np.asarray(codes)
+    single = codes.ndim == 2
+    if single:
+        codes = codes[None]
+    if codes.ndim != 3 or codes.shape[2] != num_quantizers or codes.shape[1] < 1 or codes.shape[0] < 1:
+        raise ValueError(f"codes must be [B, N>=1, {num_quantizers}] or [N, {num_quantizers}], got {list(codes.shape)}")
+    if codes.dtype.kind not in "iu":
+        raise ValueError(f"codes must be integers, got {codes.dtype}")
+    if codes.max() >= codebook_size:
+        raise ValueError(f"codes must be < {codebook_size}, got {int(codes.max())}")
+    return codes, single
+
+
+def decode_in_calls(run, codes: np.ndarray, state: CodecState, max_call_frames: int) -> tuple[np.ndarray, CodecState]:
+    """codes [B, N, 16] through `run(codes, state) -> (wav, state)` in calls of at most `max_call_frames` frames
+    (streams x frames), the state carried: wav [B, N*spf] and the last state."""
+    if state.batch != codes.shape[0]:
+        raise ValueError(f"codes have {codes.shape[0]} streams but the state has {state.batch}")
+    step = max(1, max_call_frames // codes.shape[0])
+    parts = []
+    for start in range(0, codes.shape[1], step):
+        wav, state = run(codes[:, start:start + step], state)
+        parts.append(wav)
+    return (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)), state
+
+
 class CodecDecoder:
     """The codec decoder ONNX graph behind an ONNX Runtime session, or compiled by OpenVINO
     (`runtime="openvino"`: openvino_session.py). `lanes`: calls that may run at once (OpenVINO
@@ -92,25 +120,9 @@ class CodecDecoder:
         (padding) count as 0, as in the official wrapper.
         Returns wav float32 [B, N*samples_per_frame] (or [N*samples_per_frame]) and the new state;
         the given state is not modified."""
-        codes = np.asarray(codes)
-        single = codes.ndim == 2
-        if single:
-            codes = codes[None]
-        if codes.ndim != 3 or codes.shape[2] != self.num_quantizers or codes.shape[1] < 1:
-            raise ValueError(f"codes must be [B, N>=1, {self.num_quantizers}] or [N, {self.num_quantizers}], "
-                             f"got {list(codes.shape)}")
-        if codes.size and codes.max() >= self.codebook_size:
-            raise ValueError(f"codes must be < {self.codebook_size}, got {int(codes.max())}")
+        codes, single = checked_codes(codes, self.num_quantizers, self.codebook_size)
         state = state if state is not None else self.new_state(codes.shape[0])
-        if state.batch != codes.shape[0]:
-            raise ValueError(f"codes have {codes.shape[0]} streams but the state has {state.batch}")
-        codes = codes.astype(np.int64, copy=False)
-        step = max(1, self.max_call_frames // codes.shape[0])
-        parts = []
-        for start in range(0, codes.shape[1], step):
-            wav, state = self._run(codes[:, start:start + step], state)
-            parts.append(wav)
-        wav = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        wav, state = decode_in_calls(self._run, codes.astype(np.int64, copy=False), state, self.max_call_frames)
         return (wav[0] if single else wav), state
 
     def _run(self, codes: np.ndarray, state: CodecState) -> tuple[np.ndarray, CodecState]:

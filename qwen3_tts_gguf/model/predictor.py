@@ -33,6 +33,18 @@ class PredictorOutput:
     frame_embedding: np.ndarray  # float32 [B, H]: talker input row of this frame minus its text part
 
 
+def uniform_draws(batch: int, rngs: Sequence[np.random.Generator] | None, rand: np.ndarray | None) -> np.ndarray:
+    """The [B, 15] uniform numbers of a frame's draws: `rand` as given, else 15 from each row's generator."""
+    if rand is None:
+        if rngs is None or len(rngs) != batch:
+            raise ValueError("pass either rand [B, 15] or one numpy Generator per row")
+        rand = np.stack([g.random(NUM_STEPS, dtype=np.float32) for g in rngs])
+    rand = np.ascontiguousarray(rand, np.float32)
+    if rand.shape != (batch, NUM_STEPS):
+        raise ValueError(f"rand must be [{batch}, {NUM_STEPS}], got {list(rand.shape)}")
+    return rand
+
+
 class CodePredictor:
     """The per-frame code predictor ONNX graph (`convert.predictor_graph`) behind one call."""
 
@@ -56,13 +68,7 @@ class CodePredictor:
             raise ValueError(f"hidden must be [B, {self.hidden_size}], got {list(hidden.shape)}")
         batch = hidden.shape[0]
         code0 = np.asarray(code0, np.int64).reshape(batch)
-        if rand is None:
-            if rngs is None or len(rngs) != batch:
-                raise ValueError("pass either rand [B, 15] or one numpy Generator per row")
-            rand = np.stack([g.random(NUM_STEPS, dtype=np.float32) for g in rngs])
-        rand = np.ascontiguousarray(rand, np.float32)
-        if rand.shape != (batch, NUM_STEPS):
-            raise ValueError(f"rand must be [{batch}, {NUM_STEPS}], got {list(rand.shape)}")
+        rand = uniform_draws(batch, rngs, rand)
         feeds = {"hidden": hidden, "code0": code0, "rand": rand, **pack(params, batch)}
         codes, frame = self.session.run(["codes", "frame_embedding"], feeds)
         return PredictorOutput(codes=codes, frame_embedding=frame)
