@@ -10,9 +10,12 @@ from __future__ import annotations
 import ast
 import json
 import os
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from qwen3_tts_gguf.model.loaded import EngineSettings
 
@@ -145,3 +148,25 @@ def test_the_openapi_document_is_the_one_recorded(registry):
     if os.environ.get("QTTS_WRITE_OPENAPI") == "1":
         OPENAPI.write_text(served)
     assert served == OPENAPI.read_text()
+
+
+def _pinned(lines: list[str]) -> dict[str, str]:
+    """{canonical name: version specifier} of requirement lines (comments and blank lines skipped)."""
+    found = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            found[canonicalize_name(requirement.name)] = str(requirement.specifier)
+    return found
+
+
+def test_pyproject_installs_what_requirements_txt_lists():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = _pinned((ROOT / "requirements.txt").read_text().splitlines())
+    assert listed and _pinned(pyproject["project"]["dependencies"]) == listed
+    # the console command is the one `python -m qwen3_tts_gguf` runs
+    module, function = pyproject["project"]["scripts"]["qtts"].split(":")
+    main = ast.parse((ROOT / "qwen3_tts_gguf" / "__main__.py").read_text())
+    assert any(isinstance(node, ast.ImportFrom) and node.module == module and function in [a.name for a in node.names]
+               for node in ast.walk(main))
