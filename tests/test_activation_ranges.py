@@ -43,6 +43,7 @@ from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, PREDICTOR_FILE, TAL
 from qwen3_tts_gguf.model.safetensors_io import write_safetensors
 from qwen3_tts_gguf.model.sampler import SamplingParams, pack
 from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
+
 from tests.conftest import ROOT
 from tests.greedy_agreement import NEAR_TIE
 

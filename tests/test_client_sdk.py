@@ -42,7 +42,6 @@ from qtts_client import (
     ResumeFailed,
     TransportError,
 )
-
 from tests.server_fixtures import server_fixtures
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,6 +23,7 @@ from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 from qwen3_tts_gguf.model.manifest import CODEC_FILE, MANIFEST, Manifest, ModelFolderError, file_entries, load_manifest
 from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.runtimes import resolve
+
 from tests.conftest import converted_preset
 from tests.greedy_agreement import snr_db
 from tests.test_llama_stages import greedy_request, open_engine, speak

@@ -20,6 +20,7 @@ from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, PREDICTOR_FILE, loa
 from qwen3_tts_gguf.model.predictor import CodePredictor
 from qwen3_tts_gguf.model.prompt import ReferencePrompt, VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
+
 from tests.greedy_agreement import assert_greedy_codes_agree, recording
 from tests.reference.runner import clone_prompt, official_generate
 from tests.test_llama_stages import CASES, assert_case_equals_official, greedy_request, open_engine, speak

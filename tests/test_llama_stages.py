@@ -22,6 +22,7 @@ from qwen3_tts_gguf.model.manifest import CODEC_FILE, LLAMA_STAGES_FILE, ModelFo
 from qwen3_tts_gguf.model.prompt import ReferencePrompt, VoiceSpec
 from qwen3_tts_gguf.model.runtimes import StageRuntimeError
 from qwen3_tts_gguf.model.sampler import SamplingParams
+
 from tests.conftest import converted_preset
 from tests.greedy_agreement import assert_greedy_codes_agree, recording, snr_db
 from tests.reference.runner import clone_prompt, official_generate

@@ -15,7 +15,6 @@ import openai
 import pytest
 from websockets.sync.client import connect
 
-from qtts_client import Audio, Client, Done, TransportError
 from qwen3_tts_gguf.cli import build_parser
 
 from api import ServerConfig, create_app
@@ -23,6 +22,7 @@ from api.config import ServerConfig as Config
 from api.ops.connections import uvicorn_config
 from api.server import run_server
 from api.testing import ServerThread
+from qtts_client import Audio, Client, Done, TransportError
 from tests.serve_process import ServeProcess
 from tests.server_fixtures import registry_fixture
 from tests.ws_helpers import httpx

@@ -211,6 +211,7 @@ def test_the_published_codec_on_vulkan(record_property):
     from qwen3_tts_gguf.model.codec import CodecDecoder
     from qwen3_tts_gguf.model.manifest import CODEC_FILE
     from qwen3_tts_gguf.runtime import devices
+
     from tests.conftest import converted_preset
 
     folder = converted_preset("tiny_realcodec_cv", "exact")

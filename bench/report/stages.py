@@ -7,8 +7,6 @@ from bench.report.format import _block_origin, _share
 from bench.stage_runtimes import CHUNKS
 
 
-
-
 def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 

@@ -43,6 +43,7 @@ from qwen3_tts_gguf.convert.presets import (
 )
 from qwen3_tts_gguf.convert.talker_gguf import QUANTS, write_talker_gguf
 from qwen3_tts_gguf.convert.text_tables import table_sources, write_text_tables
+from qwen3_tts_gguf.model.embeddings import EmbeddingTables
 from qwen3_tts_gguf.model.manifest import (
     CODEC_ENCODER_FILE,
     CODEC_FILE,
@@ -60,7 +61,6 @@ from qwen3_tts_gguf.model.manifest import (
     load_manifest,
     sha256_file,
 )
-from qwen3_tts_gguf.model.embeddings import EmbeddingTables
 from qwen3_tts_gguf.model.prompt import PromptBuilder
 from qwen3_tts_gguf.model.safetensors_io import SafetensorsFile
 from qwen3_tts_gguf.model.tokenizer import TOKENIZER_FILES, TextTokenizer, official_pretokenizer

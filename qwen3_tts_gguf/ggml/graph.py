@@ -15,8 +15,7 @@ from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 
-from qwen3_tts_gguf.ggml.lib import (DEV_CPU, PREC_F32, STATUS_SUCCESS, TYPE_F16, TYPE_F32, TYPE_I32,
-                                     InitParams, T, ggml)
+from qwen3_tts_gguf.ggml.lib import DEV_CPU, PREC_F32, STATUS_SUCCESS, TYPE_F16, TYPE_F32, TYPE_I32, InitParams, T, ggml
 
 _NUMPY_TYPES = {TYPE_F32: np.float32, TYPE_F16: np.float16, TYPE_I32: np.int32}
 _TYPE_OF = {np.dtype(v): k for k, v in _NUMPY_TYPES.items()}
