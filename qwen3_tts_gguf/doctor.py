@@ -142,7 +142,7 @@ def _size(n: int) -> str:
 
 
 def format_report(r: Report) -> str:
-    L, O = r.llama, r.onnx
+    L, onnx = r.llama, r.onnx
     lines = [f"llama.cpp (llama-cpp-python {L['version']}, {L['library_dir']})",
              f"  backends: {', '.join(L['backends']) or '?'}; GPU backend: {', '.join(L['gpu_backends']) or 'none'}; "
              f"GPU offload: {'yes' if L['gpu_offload'] else 'no'}"]
@@ -156,11 +156,11 @@ def format_report(r: Report) -> str:
         if any(d["type"] == "cpu" for d in r.vulkan_devices) and "GGML_VK_VISIBLE_DEVICES" not in os.environ:
             lines.append("  CPU-type Vulkan devices (lavapipe) are skipped by llama.cpp unless GGML_VK_VISIBLE_DEVICES "
                          "names their index")
-    lines.append(f"ONNX Runtime {O['version']}: providers {', '.join(O['providers'])}")
-    lines.append("  --device: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in O["devices"].items())
-                 + f"; auto -> {O['auto']}")
-    if O["ep_devices"]:
-        lines.append("  device API: " + "; ".join(O["ep_devices"]))
+    lines.append(f"ONNX Runtime {onnx['version']}: providers {', '.join(onnx['providers'])}")
+    lines.append("  --device: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in onnx["devices"].items())
+                 + f"; auto -> {onnx['auto']}")
+    if onnx["ep_devices"]:
+        lines.append("  device API: " + "; ".join(onnx["ep_devices"]))
     if r.codec_runtimes:
         lines.append("--codec-runtime: " + ", ".join(
             f"{name} {version}" if version else f"{name} not installed (pip install {name})"

@@ -84,7 +84,10 @@ def _reference_sample(logits: np.ndarray, params: SamplingParams, rand: float) -
     vocab = logits.shape[-1]
     k = vocab if params.top_k <= 0 or params.top_k >= vocab else params.top_k
     scaled = np.where(scaled >= scaled[:, k - 1:k], scaled, np.float32(-np.inf))
-    soft = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+
+    def soft(x):
+        return np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+
     suffix = np.cumsum(soft(scaled)[:, ::-1], axis=-1, dtype=np.float32)[:, ::-1]
     kept = max(int((suffix > np.float32(1) - np.float32(params.top_p)).sum()), 1)
     filtered = np.where(scaled >= scaled[:, kept - 1:kept], scaled, np.float32(-np.inf))

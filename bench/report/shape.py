@@ -41,7 +41,10 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
             key_b = key_b or key_a
             a, b = _med(s, key_a), _med(o, key_b)
             ab, bb = _best(s, key_a), _best(o, key_b)
-            fa = (lambda x: _f(None if x is None else x * scale, digits))
+
+            def fa(x):
+                return _f(None if x is None else x * scale, digits)
+
             w(f"| {name} | {fa(a)} ({fa(ab)}) | {fa(b)} ({fa(bb)}){note} | {_x(b, a)} ({_x(bb, ab)}) |")
             return a, b, ab, bb
 

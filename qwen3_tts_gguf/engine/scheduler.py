@@ -39,7 +39,12 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from qwen3_tts_gguf.engine.active import ActiveStream
+from qwen3_tts_gguf.engine.admission import Admission
+from qwen3_tts_gguf.engine.audio_out import AudioOut
+from qwen3_tts_gguf.engine.faults import Faults
 from qwen3_tts_gguf.engine.health import EngineBusy, EngineHealth, EngineStopped
+from qwen3_tts_gguf.engine.iteration import Iteration
+from qwen3_tts_gguf.engine.prefix_cache import PrefixCache
 from qwen3_tts_gguf.engine.request import SynthesisRequest
 from qwen3_tts_gguf.engine.runaway import RUNAWAY_COUNTS
 from qwen3_tts_gguf.engine.stream import Stream
@@ -52,11 +57,6 @@ from qwen3_tts_gguf.runtime import heap
 from qwen3_tts_gguf.text.normalization import NormalizedText, normalize_text
 
 log = logging.getLogger("qwen3_tts_gguf.engine")
-from qwen3_tts_gguf.engine.admission import Admission
-from qwen3_tts_gguf.engine.audio_out import AudioOut
-from qwen3_tts_gguf.engine.faults import Faults
-from qwen3_tts_gguf.engine.iteration import Iteration
-from qwen3_tts_gguf.engine.prefix_cache import PrefixCache
 
 IDLE_TRIM_S = 2.0
 """Seconds without streams after which the engine gives the heap they freed back (`heap.release_freed_heap`)."""

@@ -229,7 +229,7 @@ class Talker:
     def decode(self, items: list[DecodeItem]) -> tuple[np.ndarray, np.ndarray]:
         """Append each item's rows to its stream; returns (logits [k, V], hidden [k, H]) of each
         item's last row, in item order. Rows of all items share llama_decode calls."""
-        L, batch, cap = self._L, self._batch, self.settings.n_batch
+        batch, cap = self._batch, self.settings.n_batch
         logits = np.empty((len(items), self.vocab_size), np.float32)
         hidden = np.empty((len(items), self.hidden_size), np.float32)
         pending: list[tuple[int, int]] = []  # (item index, index within the current batch)
