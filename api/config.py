@@ -47,7 +47,8 @@ class ServerConfig:
     usage_log: Path | None = None
     """A file that gets one JSON line per finished stream, every route (`api/speaking/usage.py`); None = none."""
     wyoming_port: int | None = None
-    """A TCP port for Wyoming, Home Assistant's voice protocol (`api/protocols/wyoming.py`); None = none, 0 = any free one."""
+    """A TCP port for Wyoming, Home Assistant's voice protocol (`api/protocols/wyoming.py`); None = none, 0 = any
+    free one."""
     wyoming_host: str | None = None
     """Where the Wyoming port listens; None = `host`."""
     warm_up_voices: tuple[str, ...] = ()
@@ -103,11 +104,11 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 
 def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool = True) -> EngineSettings:
     """The engine knobs of `serve` (--threads, --max-streams, --max-queue, --max-live-waiting,
-    --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap, --codec-threads,
-    --heap-map-threshold, --cp-runtime, --codec-runtime, --prefix-cache, --runaway, --runaway-retries). The device settings are checked
-    against this installation (`qwen3_tts_gguf.runtime.devices`): ValueError (DeviceError) when GPU layers are
-    asked of a llama.cpp without a GPU backend or device, or --device names a provider not installed;
-    the resolved plan is logged."""
+    --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap,
+    --codec-threads, --heap-map-threshold, --cp-runtime, --codec-runtime, --prefix-cache, --runaway,
+    --runaway-retries). The device settings are checked against this installation
+    (`qwen3_tts_gguf.runtime.devices`): ValueError (DeviceError) when GPU layers are asked of a llama.cpp without a
+    GPU backend or device, or --device names a provider not installed; the resolved plan is logged."""
     gpu_layers, device = getattr(args, "gpu_layers", 0) or 0, getattr(args, "device", None) or "cpu"
     codec_runtime = getattr(args, "codec_runtime", None) or EngineSettings.codec_runtime
     cp_runtime = getattr(args, "cp_runtime", None) or EngineSettings.cp_runtime

@@ -249,6 +249,7 @@ def model_for_voice(registry: ModelRegistry, model_id: str, voice_id: str, profi
     profile = profiles.get(voice_id)
     if profile is None:
         return served
-    fits = [m for m in registry.models if m.manifest.model_type == "base" and m.manifest.model_size == profile.model_size]
+    fits = [m for m in registry.models
+            if m.manifest.model_type == "base" and m.manifest.model_size == profile.model_size]
     named = [m for m in fits if profile.model in (m.id, m.manifest.name, m.folder.name)]
     return (named or fits or [served])[0]

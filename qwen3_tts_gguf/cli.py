@@ -186,8 +186,8 @@ def _cmd_voice(args: argparse.Namespace) -> int:
         path = store.save(profile, overwrite=args.force)
     except (VoiceProfileError, ReferenceAudioError, ModelFolderError, ValueError) as e:
         raise CliError(str(e)) from e
-    print(f"saved voice {profile.name} ({profile.mode}, {len(profile.ref_codes) if profile.ref_codes is not None else 0} "
-          f"reference frames) to {path}")
+    print(f"saved voice {profile.name} ({profile.mode}, "
+          f"{len(profile.ref_codes) if profile.ref_codes is not None else 0} reference frames) to {path}")
     return 0
 
 

@@ -88,7 +88,8 @@ class Report:
     vulkan_devices: list[dict[str, str]]
     plan: dict
     problems: list[str] = field(default_factory=list)
-    codec_runtimes: dict[str, str | None] = field(default_factory=dict)  # --codec-runtime -> version, None: not installed
+    # --codec-runtime -> version, None: not installed
+    codec_runtimes: dict[str, str | None] = field(default_factory=dict)
 
 
 def report(gpu_layers: int = 0, device: str = "cpu", cp_runtime: str = "auto", codec_runtime: str = "auto") -> Report:
@@ -130,7 +131,8 @@ def report(gpu_layers: int = 0, device: str = "cpu", cp_runtime: str = "auto", c
               "auto": auto.provider + (f" ({auto.reason})" if auto.reason else "")},
         vulkan_devices=vulkan_physical_devices(),
         plan={"gpu_layers": gpu_layers, "device": device, "cp_runtime": cp_runtime, "codec_runtime": codec_runtime,
-              "summary": describe_plan(gpu_layers, onnx_line, rt, stages=stages) if not problems else "refused at start",
+              "summary": (describe_plan(gpu_layers, onnx_line, rt, stages=stages) if not problems
+                          else "refused at start"),
               "env": {k: os.environ[k] for k in ("GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
                                                   "LLAMA_CPP_LIB_PATH") if k in os.environ}},
         problems=problems,

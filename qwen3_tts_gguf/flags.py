@@ -49,9 +49,9 @@ def add_runaway_args(p: argparse.ArgumentParser) -> None:
                         "the loop began, or retry from there with a new random state (the seed still decides it), "
                         "at most --runaway-retries times a stream, then end; off leaves it to the frame budget "
                         "(docs/reliability.md, Runaway; default %(default)s)")
-    p.add_argument("--runaway-retries", type=number(int, 0, MAX_RUNAWAY_RETRIES), default=EngineSettings.runaway_retries,
-                   metavar="N", help=f"retries per stream with --runaway retry (0 to {MAX_RUNAWAY_RETRIES}, "
-                                     "default %(default)s)")
+    p.add_argument("--runaway-retries", type=number(int, 0, MAX_RUNAWAY_RETRIES),
+                   default=EngineSettings.runaway_retries, metavar="N",
+                   help=f"retries per stream with --runaway retry (0 to {MAX_RUNAWAY_RETRIES}, default %(default)s)")
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
@@ -77,7 +77,8 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-ctx", type=number(int, min_n_ctx, MAX_KV_CELLS), default=None, metavar="CELLS",
                    help="talker KV cells shared by all of a model's streams: memory (60 KiB per cell at 0.6B "
                         f"with q8_0, 112 with f16) against how many long texts run at once (default "
-                        f"{KV_CELLS_PER_STREAM} per stream, --max-streams for serve and one for speak, at least {MIN_KV_CELLS}; "
+                        f"{KV_CELLS_PER_STREAM} per stream, --max-streams for serve and one for speak, "
+                        f"at least {MIN_KV_CELLS}; "
                         f"{min_n_ctx} to {MAX_KV_CELLS})")
     p.add_argument("--no-codec-overlap", action="store_true",
                    help="decode audio on the engine thread between steps instead of on a thread of its own beside "

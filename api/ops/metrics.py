@@ -161,7 +161,8 @@ router = APIRouter()
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus scrape endpoint."""
     state = request.app.state.qtts
-    resume = getattr(request.app.state, "qtts_resume", None)  # api/protocols/resume.py, made by the first resumable stream
+    # api/protocols/resume.py, made by the first resumable stream
+    resume = getattr(request.app.state, "qtts_resume", None)
     return PlainTextResponse(state.metrics.render(state.registry, websocket_sessions=len(PROCESS.sessions),
                                                   detached_streams=len(resume.detached) if resume else 0,
                                                   draining=PROCESS.draining), media_type=CONTENT_TYPE)

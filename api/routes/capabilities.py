@@ -4,8 +4,9 @@
      "formats": ["mp3", ...], "limits": {...}, "normalization": {"languages": [...]},
      "models": [{"id", "type", "default_text_mode"}, ...]}
 
-`protocols` are those of the app `create_app` builds (`ROUTERS`). `limits` are the client-relevant `ServerLimits` (`resume_window_s` only where this server
-has that limit) plus the speech route's input bound and the engine's `max_buffered_audio_s`.
+`protocols` are those of the app `create_app` builds (`ROUTERS`). `limits` are the client-relevant `ServerLimits`
+(`resume_window_s` only where this server has that limit) plus the speech route's input bound and the engine's
+`max_buffered_audio_s`.
 `models` are the served models, the default first (OpenAI's aliases name it; `/v1/models` lists them).
 """
 
@@ -39,7 +40,8 @@ class Protocol(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="openai-speech, qtts, openai-realtime, elevenlabs-multi-context or wyoming", examples=["qtts"])
+    name: str = Field(description="openai-speech, qtts, openai-realtime, elevenlabs-multi-context or wyoming",
+                      examples=["qtts"])
     path: str = Field(description="the route (HTTP POST or WebSocket), or wyoming's tcp://host:port",
                       examples=["/v1/ws"])
     subprotocol: str | None = Field(description="the WebSocket subprotocol to offer; null: none (or HTTP)")

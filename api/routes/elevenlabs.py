@@ -290,8 +290,8 @@ async def _dialogue(request: Request, body: DialogueBody, output_format: str | N
     chain = LineChain(lines, opened.stream, client, timings)
     models = ",".join(dict.fromkeys(line.plan.served.id for line in lines))
     voices = ",".join(dict.fromkeys(line.plan.voice.label for line in lines))
-    speech = SpeechStream(first.served.id, chain, opened.encoder, first.served.model.sample_rate, state.metrics, received_at,
-                          characters=len(text), timings=timings,
+    speech = SpeechStream(first.served.id, chain, opened.encoder, first.served.model.sample_rate, state.metrics,
+                          received_at, characters=len(text), timings=timings,
                           accounting=usage_accounting(request, state.config, "audio", audio.name, voices))
     answered = {headers.MODEL: models, headers.VOICE: voices}
     if body.ignored_fields:

@@ -24,7 +24,8 @@ REQUIRES = ("websockets>=13",)
 """`websockets.asyncio.client` came in 13.0; the rest is the standard library."""
 TIMESTAMP = (1980, 1, 1, 0, 0, 0)
 """The earliest time a zip can say: every entry's, so that the bytes depend on the sources alone."""
-WHEEL_FILE = b"Wheel-Version: 1.0\nGenerator: qwen3-tts-x (api/sdk/wheel.py)\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+WHEEL_FILE = (b"Wheel-Version: 1.0\nGenerator: qwen3-tts-x (api/sdk/wheel.py)\nRoot-Is-Purelib: true\n"
+              b"Tag: py3-none-any\n")
 
 
 def package_facts(package_dir: Path) -> tuple[str, str]:

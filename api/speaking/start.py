@@ -55,7 +55,8 @@ async def open_speech(state: AppState, plan: SpeechPlan, response_format: str, s
                       client: Client | None = None, live: bool = False, out_rate: int | None = None,
                       bit_rate: int | None = None) -> OpenedSpeech:
     """Start `plan` on its engine with an encoder for `response_format` (`out_rate`: pcm, mp3 or opus
-    resampled to that rate; `bit_rate`: mp3's or opus's; `speed`: atempo). `live`: a streaming-text stream whose text comes later (`Stream.push_text`).
+    resampled to that rate; `bit_rate`: mp3's or opus's; `speed`: atempo). `live`: a streaming-text stream whose
+    text comes later (`Stream.push_text`).
     `client` holds one of its speech places while the stream lives. The encoder is closed if the start
     fails; engine refusals are APIErrors (see `start_stream`)."""
     encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed, out_rate=out_rate,

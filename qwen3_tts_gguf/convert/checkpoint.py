@@ -208,7 +208,8 @@ def parse_config(config: dict, codec_config: dict) -> ModelConfig:
             codec_ids={k: int(t[f"codec_{k}_id" if k != "eos" else "codec_eos_token_id"])
                        for k in ("pad", "bos", "eos", "think", "nothink", "think_bos", "think_eos")},
             language_ids={k.lower(): int(v) for k, v in (t.get("codec_language_id") or {}).items()},
-            speaker_ids={k.lower(): int(v[0] if isinstance(v, list) else v) for k, v in (t.get("spk_id") or {}).items()},
+            speaker_ids={k.lower(): int(v[0] if isinstance(v, list) else v)
+                         for k, v in (t.get("spk_id") or {}).items()},
             speaker_dialects={k.lower(): v for k, v in (t.get("spk_is_dialect") or {}).items()},
         )
         code_predictor = TransformerConfig.from_dict(cp, f"{where}.code_predictor_config")
@@ -218,7 +219,8 @@ def parse_config(config: dict, codec_config: dict) -> ModelConfig:
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.json is missing or has a malformed field: {e}") from e
     if talker.num_code_groups != 16 or codec.num_quantizers != talker.num_code_groups:
-        raise CheckpointError(f"expected 16 code groups, got talker {talker.num_code_groups} / codec {codec.num_quantizers}")
+        raise CheckpointError(f"expected 16 code groups, got talker {talker.num_code_groups} / codec "
+                              f"{codec.num_quantizers}")
     special = {
         "im_start": int(config.get("im_start_token_id", 151644)), "im_end": int(config.get("im_end_token_id", 151645)),
         "assistant": int(config.get("assistant_token_id", 77091)), "newline": 198,

@@ -110,7 +110,8 @@ class _Stack:
         a = self.rms_norm(x, f"{p}.input_layernorm.weight")
         q, k, v = self.fused(a, p, "self_attn.qkv_proj")
         q = self.rms_norm(b.op("Reshape", q, b.const([0, T, c.num_heads, c.head_dim])), f"{p}.self_attn.q_norm.weight")
-        k = self.rms_norm(b.op("Reshape", k, b.const([0, T, c.num_kv_heads, c.head_dim])), f"{p}.self_attn.k_norm.weight")
+        k = self.rms_norm(b.op("Reshape", k, b.const([0, T, c.num_kv_heads, c.head_dim])),
+                          f"{p}.self_attn.k_norm.weight")
         attend = {"matmul": self.attention_matmul, "gqa": self.attention_gqa,
                   "standard": self.attention_standard}[self.attention]
         x = b.op("Add", x, self.matmul(attend(q, k, v, i, cache, positions), f"{p}.self_attn.o_proj.weight"))

@@ -103,7 +103,8 @@ def _write_direct(ckpt: Checkpoint, path: Path, quant: str, name: str,
         elif kind == "bf16":
             data = gguf.quants.quantize(ckpt.weights[src], gguf.GGMLQuantizationType.BF16)
         else:
-            data = np.ascontiguousarray(ckpt.weights[src], dtype=np.float32).astype({"f32": np.float32, "f16": np.float16}[kind])
+            data = np.ascontiguousarray(ckpt.weights[src], dtype=np.float32).astype(
+                {"f32": np.float32, "f16": np.float16}[kind])
         writer.write_tensor_data(data)
     writer.close()
 

@@ -41,7 +41,8 @@ class InitParams(ctypes.Structure):
 
 
 T = ctypes.POINTER(Tensor)
-_vp, _sz, _i, _i64, _f, _b = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_bool
+_vp, _sz, _i, _i64, _f, _b = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
+                              ctypes.c_bool)
 
 # name: (argument types after the context, result); ops take the context first and return a tensor
 _OPS = {
@@ -57,7 +58,8 @@ _OPS = {
     "ggml_sin": [T], "ggml_sqr": [T], "ggml_silu": [T], "ggml_gelu_erf": [T], "ggml_step": [T], "ggml_log": [T],
     "ggml_rms_norm": [T, _f], "ggml_norm": [T, _f], "ggml_soft_max": [T], "ggml_soft_max_ext": [T, T, _f, _f],
     "ggml_get_rows": [T, T], "ggml_sum_rows": [T], "ggml_cumsum": [T], "ggml_argsort": [T, _i], "ggml_top_k": [T, _i],
-    "ggml_pad": [T, _i, _i, _i, _i], "ggml_ssm_conv": [T, T], "ggml_im2col": [T, T, _i, _i, _i, _i, _i, _i, _b, _i], "ggml_swiglu_split": [T, T], "ggml_cast": [T, _i], "ggml_argmax": [T],
+    "ggml_pad": [T, _i, _i, _i, _i], "ggml_ssm_conv": [T, T], "ggml_im2col": [T, T, _i, _i, _i, _i, _i, _i, _b, _i],
+    "ggml_swiglu_split": [T, T], "ggml_cast": [T, _i], "ggml_argmax": [T],
 }
 _FUNCS = {
     "ggml_init": ([InitParams], _vp), "ggml_free": ([_vp], None), "ggml_tensor_overhead": ([], _sz),
@@ -67,7 +69,8 @@ _FUNCS = {
     "ggml_set_input": ([T], None), "ggml_set_output": ([T], None), "ggml_nbytes": ([T], _sz),
     "ggml_set_name": ([T, ctypes.c_char_p], T), "ggml_mul_mat_set_prec": ([T, _i], None),
     "ggml_gallocr_new": ([_vp], _vp), "ggml_gallocr_free": ([_vp], None),
-    "ggml_gallocr_alloc_graph": ([_vp, _vp], _b), "ggml_gallocr_reserve": ([_vp, _vp], _b), "ggml_gallocr_get_buffer_size": ([_vp, _i], _sz),
+    "ggml_gallocr_alloc_graph": ([_vp, _vp], _b), "ggml_gallocr_reserve": ([_vp, _vp], _b),
+    "ggml_gallocr_get_buffer_size": ([_vp, _i], _sz),
     "ggml_backend_alloc_ctx_tensors": ([_vp, _vp], _vp), "ggml_backend_buffer_free": ([_vp], None),
     "ggml_backend_buffer_get_size": ([_vp], _sz),
     "ggml_backend_get_default_buffer_type": ([_vp], _vp), "ggml_backend_name": ([_vp], ctypes.c_char_p),

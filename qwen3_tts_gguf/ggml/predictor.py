@@ -253,7 +253,8 @@ class _PredictorGraph:
             att = o.reshape_2d(att, s.head_dim * s.heads, self.B)
             x = o.add(x, self.product(att, self.w[p + "attn_out.weight"]))
             h = o.mul(o.rms_norm(x, s.eps), self.w[p + "ln2.weight"])
-            act = o.mul(o.silu(self.product(h, self.w[p + "ffn_gate.weight"])), self.product(h, self.w[p + "ffn_up.weight"]))
+            act = o.mul(o.silu(self.product(h, self.w[p + "ffn_gate.weight"])),
+                        self.product(h, self.w[p + "ffn_up.weight"]))
             x = o.add(x, self.product(act, self.w[p + "ffn_down.weight"]))
         return x
 

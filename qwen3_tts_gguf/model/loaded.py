@@ -61,8 +61,10 @@ class EngineSettings:
     device: str = "cpu"  # ONNX Runtime device for code predictor and codec: devices.ONNX_DEVICES (cpu, auto, cuda, ...)
     gpu_layers: int = 0  # llama.cpp talker layers to offload (Vulkan/CUDA builds); -1: all (devices.GPU_LAYERS_ALL)
     chunk_frames: tuple[int, ...] = (1, 2, 4, 8)  # first audio after 1 frame, then growing chunks
-    codec_overlap: bool = True  # the codec on threads of its own beside talker and predictor (2+ threads; not deterministic)
-    codec_threads: int = 0  # ONNX Runtime threads per codec call; 0: `threads`; fewer: calls in parallel lanes (cpus.stage_threads)
+    # the codec on threads of its own beside talker and predictor (2+ threads; not deterministic)
+    codec_overlap: bool = True
+    # ONNX Runtime threads per codec call; 0: `threads`; fewer: calls in parallel lanes (cpus.stage_threads)
+    codec_threads: int = 0
     adaptive_chunks: bool = True  # a chunk goes out early when a player would run dry (chunking.py; not deterministic)
     budget_base_frames: int = 30  # runaway protection: a segment never exceeds base + per_token * its
     budget_frames_per_token: int = 12  #   text tokens frames (the margin: docs/reliability.md, Runaway)
@@ -76,7 +78,8 @@ class EngineSettings:
     # some profiles, each a saved copy of its KV rows (engine/prefix_cache.py: about 0.7 MiB at 0.6B)
     prefix_cache: int = 16
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
-    heap_map_threshold: int = MAP_THRESHOLD  # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
+    # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
+    heap_map_threshold: int = MAP_THRESHOLD
     # what runs the code predictor and the codec (runtimes.py): auto (llama.cpp's graphs when the talker is on
     # a GPU ONNX Runtime cannot use, else ONNX Runtime), onnxruntime, llama; the codec also openvino (faster on
     # a CPU, more memory; not deterministic)

@@ -167,7 +167,8 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     return opts
 
 
-def make_session(path: str | Path, *, threads: int | None = None, device: str | OnnxDevice = "cpu") -> ort.InferenceSession:
+def make_session(path: str | Path, *, threads: int | None = None,
+                 device: str | OnnxDevice = "cpu") -> ort.InferenceSession:
     """An InferenceSession for `path` on `device`. When ONNX Runtime does not put the graph on the
     provider asked for (a provider library that fails to load makes it fall back to the CPU with only a
     warning), this raises OnnxDeviceError rather than run somewhere else silently."""

@@ -9,8 +9,8 @@ always keep the most likely one) -> softmax -> one draw.
 The draw is an inverse CDF over the kept tokens ordered by descending (scaled) logit, ties
 lower id first, with a caller-supplied uniform number in [0, 1), so a request's randomness is
 reproducible from its own generator. It samples the same distribution as HF's
-`torch.multinomial`, not the same sequence. One deviation from HF: at the top-p boundary, tokens whose logits tie the last kept
-logit are all kept (HF's sort order decides among them).
+`torch.multinomial`, not the same sequence. One deviation from HF: at the top-p boundary, tokens whose logits tie
+the last kept logit are all kept (HF's sort order decides among them).
 
 Every accepted setting gives a finite distribution, whatever the logits (the HTTP schema bounds the
 settings; this module copes with the whole range SamplingParams accepts). Where HF's fp32 maths

@@ -80,7 +80,8 @@ def kv_cache_for(asked: str, head_dim: int) -> str:
     if asked not in KV_CACHE_TYPES:
         raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, got {asked!r}")
     if asked != "f16" and head_dim % KV_BLOCK:
-        log.info("talker heads are %d wide, not a multiple of %d: KV cache f16 instead of %s", head_dim, KV_BLOCK, asked)
+        log.info("talker heads are %d wide, not a multiple of %d: KV cache f16 instead of %s", head_dim, KV_BLOCK,
+                 asked)
         return "f16"
     return asked
 

@@ -21,7 +21,8 @@ QWEN2_REGEX = (
 )
 MISTRAL_FIXED_REGEX = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
-    r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
 )
 PRETOKENIZERS = {"qwen2": QWEN2_REGEX, "mistral-fixed": MISTRAL_FIXED_REGEX}
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")

@@ -162,8 +162,9 @@ calls llama.cpp (a server with two models, each engine on its thread) and keeps 
 throttles to 0, every barrier sleeps; no policy to 100 turns; ACTIVE to min(1000, GOMP_SPINCOUNT), the
 same 300 turns. Hence ACTIVE here, which, with a spin count, still sleeps once idle. Talker steps
 alone, a second thread's team alive (a one-off script, 2026-12-01, 0.6B q8_0): PASSIVE 34.5 ms, none
-27, ACTIVE 21 (one team: 21 for all three). The full bench's *alone* talker step, taken on its worker's main thread beside the engine's, was
-this case: 40 ms in its 2026-12-01 04:52 run with PASSIVE, 17 ms in the 06:58 run with ACTIVE.
+27, ACTIVE 21 (one team: 21 for all three). The full bench's *alone* talker step, taken on its worker's main
+thread beside the engine's, was this case: 40 ms in its 2026-12-01 04:52 run with PASSIVE, 17 ms in the 06:58 run
+with ACTIVE.
 `python -m bench.experiments omp-policy`, two models served, two runs: one stream's RTF 1.69 / 1.65
 (PASSIVE) -> 1.58 / 1.59 (ACTIVE); one model: 1.65 / 1.61 -> 1.62 / 1.55.
 llama.cpp built without OpenMP (CMAKE_ARGS="-DGGML_OPENMP=OFF": ggml's own thread pool, whose barriers spin

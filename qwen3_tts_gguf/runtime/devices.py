@@ -117,14 +117,16 @@ def llama_runtime() -> LlamaRuntime:
     devices: list[BackendDevice] = []
     try:
         g = _ggml()
-        backends = [g.ggml_backend_reg_name(g.ggml_backend_reg_get(i)).decode() for i in range(g.ggml_backend_reg_count())]
+        backends = [g.ggml_backend_reg_name(g.ggml_backend_reg_get(i)).decode()
+                    for i in range(g.ggml_backend_reg_count())]
         for i in range(g.ggml_backend_dev_count()):
             d = g.ggml_backend_dev_get(i)
             free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
             g.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
             devices.append(BackendDevice(
                 backend=g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(d)).decode(),
-                name=g.ggml_backend_dev_name(d).decode(), description=(g.ggml_backend_dev_description(d) or b"").decode(),
+                name=g.ggml_backend_dev_name(d).decode(),
+                description=(g.ggml_backend_dev_description(d) or b"").decode(),
                 kind=_DEVICE_TYPES.get(g.ggml_backend_dev_type(d), "unknown"),
                 memory_total=total.value, memory_free=free.value))
     except (OSError, AttributeError):  # a libggml without the registry API: system info only
