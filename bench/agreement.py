@@ -98,7 +98,8 @@ def measure(folders: dict[str, str], threads: int) -> dict:
     from qwen3_tts_gguf.model.talker import KV_CACHE_TYPES
 
     kv_quant = "q8_0" if "q8_0" in talkers else ref_quant
-    f16_cells, _ = (ref_logits, None) if kv_quant == ref_quant else _talker_run(talkers[kv_quant], kv_quant, rows, threads)
+    f16_cells, _ = ((ref_logits, None) if kv_quant == ref_quant
+                    else _talker_run(talkers[kv_quant], kv_quant, rows, threads))
     out["kv_cache"] = {"talker": kv_quant}
     for kv in (k for k in KV_CACHE_TYPES if k != "f16"):
         cells, _ = _talker_run(talkers[kv_quant], kv_quant, rows, threads, kv_cache=kv)

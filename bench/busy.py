@@ -135,7 +135,8 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
            "official_loaded_reps": (official_reps if official_loaded_reps is None else official_loaded_reps)
            if official else 0, "old_reps": old_reps, "one_reps": one_reps, "weighted_reps": weighted_reps,
            "weighted_nice": WEIGHTED_NICE,
-           "old_policy_env": OLD_POLICY, "autogroup": machine.sched_autogroup(), "settle_s": SETTLE_S, "quiet_s": quiet_s,
+           "old_policy_env": OLD_POLICY, "autogroup": machine.sched_autogroup(), "settle_s": SETTLE_S,
+           "quiet_s": quiet_s,
            **machine.block_origin(), "started": time.time(), "loads": {}}
     exe = shutil.which("stress-ng")
     if exe is None:
@@ -155,7 +156,8 @@ def measure(progress, log, *, model_dir: str, checkpoint: str, threads: int, fra
         model_dir=model_dir, threads=threads, frames=frames, warmup_frames=4, concurrency_frames=frames,
         max_streams=8), timeout=timeout_s)
     off = Session(progress, "busy official", "official", dict(
-        checkpoint=checkpoint, threads=threads, frames=frames, warmup_frames=3), timeout=timeout_s) if official else None
+        checkpoint=checkpoint, threads=threads, frames=frames, warmup_frames=3),
+        timeout=timeout_s) if official else None
     walls: dict = {}
 
     def one(session, who: str, load: str, rep: int, runs: list, errors: list, pids: tuple = ()) -> None:

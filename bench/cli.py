@@ -99,7 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "its section of the report is replaced): busy, the busy-machine block (about 12 min); "
                         "memory, resident memory per part and at 8 streams for each KV-cache precision (about 2 "
                         "min), then the 1.7B model with the default KV cache (unless --shapes 0.6b; its first run "
-                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time to first audio for the configurations a user can choose, side by side (about 2 min, and about 2 min for each model it has to convert); stages, the code predictor and the codec on each runtime; peers, the peer engines on PyPI beside ours (its first run installs each peer into a venv under bench/cache/ and converts the checkpoint for it); honours --threads, --quiet-wait, --no-official, --doc, --no-doc")
+                        "converts it); overlap, the codec inline against overlapped, both ways (about 5 min); codec, "
+                        "the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time "
+                        "to first audio for the configurations a user can choose, side by side (about 2 min, and about "
+                        "2 min for each model it has to convert); stages, the code predictor and the codec on each "
+                        "runtime; peers, the peer engines on PyPI beside ours (its first run installs each peer into a "
+                        "venv under bench/cache/ and converts the checkpoint for it); honours --threads, --quiet-wait, "
+                        "--no-official, --doc, --no-doc")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -157,7 +163,8 @@ def run(args) -> dict:
     OUT.mkdir(parents=True, exist_ok=True)
     CACHE.mkdir(parents=True, exist_ok=True)
     threads = plan["threads"][0]
-    steps = 2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0) + (6 if plan["memory"] else 0)
+    steps = (2 + len(plan["shapes"]) * (3 + (1 if do_http else 0)) + (1 if plan["busy"] else 0)
+             + (6 if plan["memory"] else 0))
     with tqdm(total=steps, unit="step", dynamic_ncols=True) as bar:
         log, progress = bar.write, Progress(bar)
 
@@ -194,7 +201,8 @@ def run(args) -> dict:
             bar.update()
             step(f"{shape}: stage costs")
             head_dir = folders[(head_quant, cp0)]
-            cached = CACHE / "costs" / f"{head_dir.name}+{'+'.join(sorted(cp for q, cp in folders if q == head_quant))}.json"
+            cached = (CACHE / "costs"
+                      / f"{head_dir.name}+{'+'.join(sorted(cp for q, cp in folders if q == head_quant))}.json")
             if plan["mode"] == "quick" and cached.exists():  # static bytes/FLOPs; the ORT profile is from that run
                 costs = json.loads(cached.read_text())
             else:
@@ -275,7 +283,8 @@ def run(args) -> dict:
                     entry["official"] = {**off.close(), "runs": [x for x in off_runs if "error" not in x],
                                          "errors": [x["error"] for x in off_runs if "error" in x]}
                 summary = ours.close()
-                entry["ours"][key] = {**summary, "isolated": isolated, "single": [x for x in singles if "error" not in x],
+                entry["ours"][key] = {**summary, "isolated": isolated,
+                                      "single": [x for x in singles if "error" not in x],
                                       "concurrency": [x for x in conc if "error" not in x],
                                       "latency": [x for x in latency if "error" not in x], "playback": playback,
                                       "errors": [x["error"] for x in singles + conc + latency if "error" in x]}
@@ -325,7 +334,8 @@ def run(args) -> dict:
         # again at the end: other jobs depress bandwidth and GFLOP/s, and a bound must use the best seen
         step("machine limits (again)")
         if budget.allows("machine limits, second measurement", 20):
-            limits.append(one_shot(progress, "machine", {"threads": threads, "quiet_s": min(plan["limits_quiet_s"], 5)}, 900))
+            limits.append(one_shot(progress, "machine",
+                                   {"threads": threads, "quiet_s": min(plan["limits_quiet_s"], 5)}, 900))
         bar.update()
     results["machine_limits_runs"] = limits
     results["machine_limits"] = _best_limits(limits)

@@ -14,8 +14,8 @@ Each variant is built here from the headline model's converted fp32 codec graph:
 Every variant decodes the same random frames in the engine's chunks (1, 2, 4, 8, ...), rounds
 alternating; speed is ms per frame over the whole utterance, fidelity the SNR and largest sample
 difference against the fp32 graph decoding the same chunks. A variant may become the default only at
-an SNR of at least 40 dB and if it is at least 5 % faster (less is within the rounds' noise). Measured on random weights: real checkpoints must be
-measured again.
+an SNR of at least 40 dB and if it is at least 5 % faster (less is within the rounds' noise). Measured on random
+weights: real checkpoints must be measured again.
 """
 
 from __future__ import annotations

@@ -7,15 +7,19 @@
     python -m bench.experiments presets [--rounds 6]        # convert --preset default against --preset fast
     python -m bench.experiments talker-quants [--quants q4_k_m,iq4_nl]  # the preset's model with each talker quant
     python -m bench.experiments malloc [--thresholds 131072] # glibc's dynamic mmap threshold against fixed ones
-    python -m bench.experiments omp-spin [--load cpu1]      # llama.cpp's OpenMP threads: how long they spin before sleeping
-    python -m bench.experiments graphs [--rounds 6]         # the codec's polynomial Snake, the fused code-predictor MatMuls, GQA
-    python -m bench.experiments llama-builds --builds DIR   # llama_cpp builds installed in DIR (pip --target) beside the engine's
+    python -m bench.experiments omp-spin [--load cpu1]      # llama.cpp's OpenMP threads: how long they spin
+                                                            # before sleeping
+    python -m bench.experiments graphs [--rounds 6]         # the codec's polynomial Snake, the fused code-predictor
+                                                            # MatMuls, GQA
+    python -m bench.experiments llama-builds --builds DIR   # llama_cpp builds installed in DIR (pip --target)
+                                                            # beside the engine's
 
 `--load cpu1|cpu2|stream1` runs the comparison beside that `stress-ng` load (bench/busy.py's LOADS).
 
-Nothing here changes the engine: variants pass EngineSettings fields, patch a worker process (`ours._with_llama_repack`) or
-set environment variables. (ONNX Runtime's threads no longer spin in the engine itself.) Variants alternate round by round so they share the background load of
-this machine; medians and best runs are printed as markdown and saved under bench/out/.
+Nothing here changes the engine: variants pass EngineSettings fields, patch a worker process
+(`ours._with_llama_repack`) or set environment variables. (ONNX Runtime's threads no longer spin in the engine
+itself.) Variants alternate round by round so they share the background load of this machine; medians and best runs
+are printed as markdown and saved under bench/out/.
 """
 
 from __future__ import annotations
@@ -366,7 +370,8 @@ def cp_quant(args) -> dict:
             for k, p in preds.items():
                 h = rng.standard_normal((b, H)).astype(np.float32)
                 with Meter() as m:
-                    p.predict(h, rng.integers(0, 2048, b), SamplingParams(), rngs=[np.random.default_rng(i) for i in range(b)])
+                    p.predict(h, rng.integers(0, 2048, b), SamplingParams(),
+                              rngs=[np.random.default_rng(i) for i in range(b)])
                 times[(k, b)].append(m.wall)
                 bgs.append(m.background)
     rows = []

@@ -1,9 +1,9 @@
 """Time to first audio through the HTTP server (`python -m qwen3_tts_gguf serve`).
 
 Starts the server on a free local port with one model (its warm-up speaking the bench's voice and
-language), waits until `GET /ready` answers 200, then POSTs OpenAI-style `/v1/audio/speech` requests with `response_format: "pcm"` and measures
-request sent -> first PCM byte received, and the whole response. Only runs when `api.server`
-is importable (the orchestrator checks).
+language), waits until `GET /ready` answers 200, then POSTs OpenAI-style `/v1/audio/speech` requests with
+`response_format: "pcm"` and measures request sent -> first PCM byte received, and the whole response. Only runs
+when `api.server` is importable (the orchestrator checks).
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def run(model_dir: str, threads: int, frames: int, reps: int, quiet_s: float = 0
                 audio_s = nbytes / 2 / SAMPLE_RATE
                 runs.append({"first_audio_s": first, "total_s": total, "audio_s": audio_s,
                              "rtf": total / audio_s if audio_s else None, "background": m.background, **quiet})
-        return {"startup_s": startup_s, "runs": runs, "first_request": first_request, "first_audio_s_median": median([r["first_audio_s"] for r in runs]),
+        return {"startup_s": startup_s, "runs": runs, "first_request": first_request,
+                "first_audio_s_median": median([r["first_audio_s"] for r in runs]),
                 "threads": threads, "frames": frames, "model_id": model_id}
     finally:
         try:

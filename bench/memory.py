@@ -56,7 +56,8 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     del predictor, codec
     steps = list(rss)
     shares = {"runtimes": rss["runtimes"], **{b: rss[b] - rss[a] for a, b in zip(steps, steps[1:])}}
-    files = {p.name: p.stat().st_size / 2**20 for p in folder.iterdir() if p.suffix in (".gguf", ".onnx", ".data", ".safetensors")}
+    files = {p.name: p.stat().st_size / 2**20 for p in folder.iterdir()
+             if p.suffix in (".gguf", ".onnx", ".data", ".safetensors")}
     return {"kv_cache": talker.kv_cache, "n_ctx": settings.kv_cells, "kv_cache_mb": talker.kv_cache_bytes / 2**20,
             "shares_mb": shares, "loaded_mb": rss["codec"], "loaded_file_mb": rss_file_mb(), "files_mb": files}
 

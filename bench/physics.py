@@ -279,7 +279,8 @@ def predictor_profile(onnx_path: str | Path, threads: int) -> dict:
              "rand": rng.random((1, 15), dtype=np.float32), **pack(SamplingParams(), 1)}
     import onnxruntime as ort
 
-    sess_inputs = {i.name: i for i in ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).get_inputs()}
+    sess_inputs = {i.name: i
+                   for i in ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).get_inputs()}
     feeds["hidden"] = rng.standard_normal((1, sess_inputs["hidden"].shape[1]), dtype=np.float32)
     prof = profile_graph(onnx_path, feeds, threads)
     return {"op_time_s": prof["op_time_s"], "call_s": prof["call_s"], "flops_profiled": prof["flops_per_call"]}

@@ -52,7 +52,8 @@ def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threa
         if kind == "predictor":
             from qwen3_tts_gguf.ggml.predictor import GgmlCodePredictor
 
-            stage = GgmlCodePredictor(stages_file, backend, temperature=load_manifest(folder).llama_stages["temperature"])
+            stage = GgmlCodePredictor(stages_file, backend,
+                                      temperature=load_manifest(folder).llama_stages["temperature"])
         else:
             from qwen3_tts_gguf.ggml.codec import GgmlCodec
 
@@ -143,8 +144,9 @@ times one stream's calls, one after another (llama_stages.py), so that case is n
 
 def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 2, quiet_s: float = 0.0,
             progress=None) -> dict:
-    """`variants`: {"name", "stage" (predictor | codec), "runtime" (onnxruntime | ggml | llama), "folder", "stages_file",
-    "precision"}; the first of each stage is its reference (fp32 ONNX). Returns every variant's figures."""
+    """`variants`: {"name", "stage" (predictor | codec), "runtime" (onnxruntime | ggml | llama), "folder",
+    "stages_file", "precision"}; the first of each stage is its reference (fp32 ONNX). Returns every variant's
+    figures."""
     from qwen3_tts_gguf.model.manifest import load_manifest
 
     manifest = load_manifest(Path(variants[0]["folder"]))
@@ -167,8 +169,8 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
             try:
                 with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                     entry["loaded_mb"] = pool.submit(_loaded_mb, v, threads, hidden_size).result()
-                obj, closer = _load(stage, v["runtime"], Path(v["folder"]), v.get("stages_file") and Path(v["stages_file"]),
-                                    threads, hidden_size)
+                obj, closer = _load(stage, v["runtime"], Path(v["folder"]),
+                                    v.get("stages_file") and Path(v["stages_file"]), threads, hidden_size)
             except Exception as e:  # a runtime that cannot load here is reported, not fatal
                 entry["error"] = f"{type(e).__name__}: {e}"[:300]
                 continue

@@ -268,7 +268,8 @@ class OursSession:
             step_t, pred_t, codec_t = [], [], []
             for i in range(steps):
                 t0 = time.perf_counter()
-                _, hidden = talker.decode([DecodeItem(seq, len(prompt) + i, rng.standard_normal((1, H)).astype(np.float32))])
+                _, hidden = talker.decode([DecodeItem(seq, len(prompt) + i,
+                                                      rng.standard_normal((1, H)).astype(np.float32))])
                 step_t.append(time.perf_counter() - t0)
             talker.drop(seq)
             for i in range(max(steps // 2, 4)):
@@ -328,4 +329,5 @@ class OursSession:
                 "predictor_precision": m.code_predictor.get("precision"), "text_mode": TEXT_MODE,
                 "prompt_rows": self.prompt_rows, "warmup_first_audio_s": self.warmup_first_audio_s,
                 "llama_cpp": llama_cpp.__version__, "onnxruntime": onnxruntime.__version__, "pid": os.getpid(),
-                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}

@@ -103,7 +103,8 @@ def ensure_venv(peer: Peer, log=print) -> Path:
     folder = python.parent.parent
     log(f"installing {peer.package}=={peer.version} into {_shown(folder)}")
     shutil.rmtree(folder, ignore_errors=True)
-    r = subprocess.run([sys.executable, "-m", "venv", str(folder)], capture_output=True, text=True, timeout=600, check=False)
+    r = subprocess.run([sys.executable, "-m", "venv", str(folder)], capture_output=True, text=True, timeout=600,
+                       check=False)
     if r.returncode != 0:
         raise PeerError(f"`python -m venv` failed: {_tail(r.stderr)}")
     r = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",

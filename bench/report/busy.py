@@ -66,12 +66,16 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
       f"{t} threads) and the official pipeline ({t} torch threads), {frames} frames "
       f"({(frames or 0) / FRAME_RATE:.1f} s of audio) per utterance, while other processes load the machine. "
       f"Real-time factor = wall s / audio s, median (best) of {busy.get('reps')} runs (official: "
-      f"{busy.get('official_reps')}" + ("" if busy.get("official_loaded_reps", busy.get("official_reps")) == busy.get("official_reps") else f" with no load, {busy.get('official_loaded_reps')} under each load") + f"; old waits: {busy.get('old_reps')}; a single run shows one figure); slowdown = median RTF under the load / "
-      f"median RTF with no load in the same block. *Old spinning waits*: our engine with `{old_env}` and no spin count, so "
-      f"llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine caps the spin at "
-      f"{SPIN_COUNT} turns, GOMP_SPINCOUNT, when it loads llama.cpp, `qwen3_tts_gguf/runtime/cpus.py`); its own unloaded run "
-      "is its baseline." + (f" *One thread*: our engine with `threads=1` (every stage inline on one core), "
-                             f"{busy['one_reps']} runs." if busy.get("one_reps") else "") + "\n")
+      f"{busy.get('official_reps')}"
+      + ("" if busy.get("official_loaded_reps", busy.get("official_reps")) == busy.get("official_reps")
+         else f" with no load, {busy.get('official_loaded_reps')} under each load")
+      + f"; old waits: {busy.get('old_reps')}; a single run shows one figure); slowdown = median RTF under the load / "
+      f"median RTF with no load in the same block. *Old spinning waits*: our engine with `{old_env}` and no spin "
+      f"count, so llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine caps the spin at "
+      f"{SPIN_COUNT} turns, GOMP_SPINCOUNT, when it loads llama.cpp, `qwen3_tts_gguf/runtime/cpus.py`); its own "
+      "unloaded run is its baseline."
+      + (f" *One thread*: our engine with `threads=1` (every stage inline on one core), "
+         f"{busy['one_reps']} runs." if busy.get("one_reps") else "") + "\n")
     w("| load | ours RTF | ours slowdown | official RTF | official slowdown | ours with the old spinning waits: "
       "RTF (slowdown) | ours on one thread: RTF | background load: the load alone; during ours / official / "
       "old-waits runs |")
@@ -126,10 +130,10 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
     oq = cores["old"].get("none")
     old_none, new_none = _busy_figure(sd, "none", "old"), _busy_figure(sd, "none", "ours")
     if old_none and new_none and old_none > 1.1 * new_none:
-        w(f"With `{old_env}` alone the idle llama.cpp threads spin between llama.cpp calls too, on the cores ONNX Runtime "
-          f"needs for the code predictor and the codec (the run kept {_f(oq, 2)} cores busy with no load, against "
-          f"{_f(q, 2)}), so it is slower even with no load. Before its spin cap the engine left the variables unset, "
-          "and libgomp then spins about 3 ms before sleeping: no slower than the cap on a quiet machine, but it "
+        w(f"With `{old_env}` alone the idle llama.cpp threads spin between llama.cpp calls too, on the cores ONNX "
+          f"Runtime needs for the code predictor and the codec (the run kept {_f(oq, 2)} cores busy with no load, "
+          f"against {_f(q, 2)}), so it is slower even with no load. Before its spin cap the engine left the variables "
+          "unset, and libgomp then spins about 3 ms before sleeping: no slower than the cap on a quiet machine, but it "
           "collapsed under load as well (`qwen3_tts_gguf/runtime/cpus.py` quotes RTF 2.9 quiet and 35 under `stress-ng "
           "--cpu 2`); so the quiet row overstates what the old default cost.\n")
 
@@ -199,9 +203,9 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         if not reached and q and c2:
             w(f"  What bounds it: two processes on two cores means our {t} threads share them with the load: our "
               f"run got {c2:.2f} cores instead of the {q:.2f} it keeps busy alone, the CPU share alone explains "
-              f"about {q / c2:.2f}×. The official pipeline keeps only {_f(fq, 2)} cores busy with no load (most of its time on "
-              f"one thread), so losing a core costs it little: its smaller slowdown comes from using less of the "
-              f"machine, not from being faster (under this load its RTF is {rtf_f:.2f}, ours {rtf_o:.2f}).")
+              f"about {q / c2:.2f}×. The official pipeline keeps only {_f(fq, 2)} cores busy with no load (most of its "
+              f"time on one thread), so losing a core costs it little: its smaller slowdown comes from using less of "
+              f"the machine, not from being faster (under this load its RTF is {rtf_f:.2f}, ours {rtf_o:.2f}).")
     else:
         w("- Two busy background processes: no worse than the official implementation's slowdown under the same "
           f"load. Measured under `stress-ng --cpu 2`: ours {_f(o2, 2)}×, official {_f(f2, 2)}× (incomplete).")

@@ -22,9 +22,9 @@ def render_codec(block: dict, standalone: bool = False) -> str:
         w(f"**Not measured**: {block.get('error', 'no variant ran')}.\n")
         return "\n".join(out) + "\n"
     w("Each variant is built by the bench from the converted fp32 graph (*Snake with Sin* from the model's source "
-      "checkpoint, as the converter built the codec before its polynomial Snake; *OpenVINO*: the same graph compiled by "
-      "OpenVINO instead of ONNX Runtime). *SNR* and *max difference*: its samples against the fp32 graph's for the same "
-      "chunks. A variant may become the default only at an SNR of at least "
+      "checkpoint, as the converter built the codec before its polynomial Snake; *OpenVINO*: the same graph compiled "
+      "by OpenVINO instead of ONNX Runtime). *SNR* and *max difference*: its samples against the fp32 graph's for the "
+      "same chunks. A variant may become the default only at an SNR of at least "
       f"{GATE_DB:.0f} dB and if it is at least {100 * (1 - GATE_SPEEDUP):.0f} % faster (less is within the rounds' "
       "noise). Random weights only: real checkpoints must be measured again.\n")
     ref = variants.get(REFERENCE, {})
@@ -48,10 +48,10 @@ def render_codec(block: dict, standalone: bool = False) -> str:
     if default:
         w("Meets the gate: " + ", ".join(default) + ".\n")
     if opt_in:
-        w(f"Meets the gate as an option: {', '.join(opt_in)} ({', '.join(OPT_IN[n] for n in opt_in)}). It stays opt-in: "
-          "its compiled graph keeps its own copies of the weights in its kernels' layouts, so a server holds more memory "
-          "(*Codec overlap* gives the peak with eight streams), against the peak-memory target of the issue *Real-time "
-          "CPU*.\n")
+        w(f"Meets the gate as an option: {', '.join(opt_in)} ({', '.join(OPT_IN[n] for n in opt_in)}). It stays "
+          "opt-in: its compiled graph keeps its own copies of the weights in its kernels' layouts, so a server holds "
+          "more memory (*Codec overlap* gives the peak with eight streams), against the peak-memory target of the "
+          "issue *Real-time CPU*.\n")
     if not default:
         w("No variant of ONNX Runtime's graph meets the gate, so the fp32 codec on ONNX Runtime stays the default. "
           "ONNX Runtime's CPU kernels set the limits there: integer convolutions quantize every activation to 8 bits "

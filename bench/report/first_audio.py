@@ -84,7 +84,8 @@ def _first_audio_target(meds: dict, case: str, goal: float) -> tuple[str, str, f
     if label is None:
         return None
     verdict = _verdict(value, goal) + (" with that configuration" if value <= goal else "")
-    return f"{FIRST_AUDIO_CASES[case]}: {value:.3f} s with {label} against ≤ {goal:.2f} s: {verdict}", label, value, verdict
+    return (f"{FIRST_AUDIO_CASES[case]}: {value:.3f} s with {label} against ≤ {goal:.2f} s: {verdict}", label, value,
+            verdict)
 
 
 def _fastest_cold_words(block: dict) -> str:

@@ -45,7 +45,8 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
     out: list[str] = []
     w = out.append
     w("## Memory\n")
-    w(_block_origin(mem, "memory", standalone) + f", model `{mem.get('model', '?')}`, {mem.get('threads', 2)} threads.\n")
+    w(_block_origin(mem, "memory", standalone)
+      + f", model `{mem.get('model', '?')}`, {mem.get('threads', 2)} threads.\n")
     kvs = {k: v for k, v in mem.get("kv", {}).items() if _ok(v.get("parts")) and _ok(v.get("peak"))}
     if not kvs:
         w("**Not measured** (the workers failed; see the bench's output).\n")
@@ -83,7 +84,8 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
           f"and KV cache {lean_kv}** ({lean_peak:.0f} MiB, `{model}`, in the table below); with the default "
           f"weights **{verdict}** ({best:.0f} MiB, KV cache {best_kv}).\n")
     else:
-        w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{verdict}** ({best:.0f} MiB, KV cache {best_kv}).\n")
+        w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{verdict}** ({best:.0f} MiB, KV cache "
+          f"{best_kv}).\n")
     if best > MEMORY_TARGET_MB:
         w(f"Where the default configuration's memory goes: the three graphs' weights alone take {weights:.0f} MiB "
           "(talker q8_0, code predictor int8, codec fp32); the code predictor's resident share is ONNX Runtime's "
@@ -110,8 +112,9 @@ def _render_other_shapes(w, shapes: dict) -> None:
         shares = parts["shares_mb"]
         graphs = sum(mb for n, mb in parts.get("files_mb", {}).items() if not n.startswith("text_tables"))
         rows.append(f"| {shape} (`{block.get('model', '?')}`) | {kv} | {shares.get('talker', 0):.0f} "
-                    f"(KV {parts['kv_cache_mb']:.0f}) | {shares.get('code_predictor', 0):.0f} | {shares.get('codec', 0):.0f} "
-                    f"| {parts['loaded_mb']:.0f} | **{peak['peak_mb']:.0f}** | {graphs:.0f} |")
+                    f"(KV {parts['kv_cache_mb']:.0f}) | {shares.get('code_predictor', 0):.0f} | "
+                    f"{shares.get('codec', 0):.0f} | {parts['loaded_mb']:.0f} | **{peak['peak_mb']:.0f}** | "
+                    f"{graphs:.0f} |")
     if rows:
         w("Other models and configurations, measured the same way (MiB):\n")
         w("| model | KV cache | talker (of which KV cache) | code predictor | codec | loaded | peak, 8 streams "

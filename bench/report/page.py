@@ -125,14 +125,15 @@ def render(res: dict) -> str:
               f"{_f(L.get(f'read_gbs_{t}t_median'), 1)} GB/s | same, {t} threads on equal slices |")
             w(f"| memory copy, {t} threads | {_f(L.get(f'copy_gbs_{t}t'), 1)} GB/s | "
               f"{_f(L.get(f'copy_gbs_{t}t_median'), 1)} GB/s | read + write counted (STREAM convention) |")
-        w(f"| ORT fp32 M=1 MatMul chain | {_f(L.get('gemv_stream_gbs'), 1)} GB/s | {_f(L.get('gemv_stream_gbs_median'), 1)} GB/s | "
-          f"8 × [1,1024]·[1024,3072]-sized weights (100 MB), weight bytes / time, {t} threads |")
+        w(f"| ORT fp32 M=1 MatMul chain | {_f(L.get('gemv_stream_gbs'), 1)} GB/s | "
+          f"{_f(L.get('gemv_stream_gbs_median'), 1)} GB/s | 8 × [1,1024]·[1024,3072]-sized weights (100 MB), weight "
+          f"bytes / time, {t} threads |")
         w(f"| ORT fp32 GEMM | {_f(L.get('gemm_gflops'))} GFLOP/s | {_f(L.get('gemm_gflops_median'))} GFLOP/s | "
           f"[256,2048]·[2048,2048], {t} threads |")
         w(f"| ORT fp32 Conv1d | {_f(L.get('conv_gflops'))} GFLOP/s | {_f(L.get('conv_gflops_median'))} GFLOP/s | "
           f"384→384 channels, k7, dilation 3, 1280 samples (a codec residual unit), {t} threads |")
-        w(f"| numpy fp32 GEMM | {_f(L.get('numpy_gemm_gflops'))} GFLOP/s | {_f(L.get('numpy_gemm_gflops_median'))} GFLOP/s | "
-          f"2048³, OpenBLAS |")
+        w(f"| numpy fp32 GEMM | {_f(L.get('numpy_gemm_gflops'))} GFLOP/s | {_f(L.get('numpy_gemm_gflops_median'))} "
+          f"GFLOP/s | 2048³, OpenBLAS |")
         w("")
         w("The lower bounds above use the best weight-streaming rate (the larger of the memory reads and the ORT "
           "MatMul chain) and the best Conv1d throughput measured here, at the start and at the end of the run. "
@@ -140,21 +141,23 @@ def render(res: dict) -> str:
           "bound is a floor for *this* run, not a constant.\n")
 
     w("## Reproduce\n")
-    w("```\n. .venv/bin/activate\npython -m bench --quick      # < 5 min: 0.6B, q8_0; its report goes to bench/out/benchmarks-quick.md\n"
+    w("```\n. .venv/bin/activate\n"
+      "python -m bench --quick      # < 5 min: 0.6B, q8_0; its report goes to bench/out/benchmarks-quick.md\n"
       "python -m bench              # every quant, thread sweep, 0.6B and 1.7B, busy machine, memory, overlap, codec\n"
       "python -m bench --only busy  # ~15 min: only the busy-machine block, merged into the last full results\n"
       "python -m bench --only memory    # ~4 min: RSS per part and at 8 streams, per KV-cache precision; 1.7B\n"
-      "python -m bench --only overlap   # ~8 min: the codec inline against overlapped, every way; --preset fast on OpenVINO\n"
+      "python -m bench --only overlap   # ~8 min: the codec inline against overlapped, every way; "
+      "--preset fast on OpenVINO\n"
       "python -m bench --only codec     # ~3 min: the codec graph in other precisions, speed and SNR\n"
       "python -m bench --only latency   # ~2 min: time to first audio of the configurations a user can choose\n"
       "python -m bench --only peers --shapes 0.6b   # the peer engines on PyPI beside ours (installs them in venvs)\n"
       "python -m bench --shapes 0.6b --quants q8_0,q4_k_m --reps 3   # a subset\n```\n")
     w("Checkpoints and converted models are cached in `bench/cache/` (rebuilt when the generator or the converter "
-      "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this page. "
-      "Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision and "
-      "block size, batching the codec, the codec's thread, the converter's presets, talker quants side by side with "
-      "their agreement, glibc's mmap threshold, OpenMP's spin count and wait policy, the converter's graph variants, other llama_cpp builds) "
-      "are measured separately by `python -m bench.experiments "
+      "changes); raw results go to `bench/out/results-*.json` and `python -m bench --render FILE` re-renders this "
+      "page. Prototypes of engine changes (ONNX Runtime thread spinning, llama.cpp repacking, code predictor precision "
+      "and block size, batching the codec, the codec's thread, the converter's presets, talker quants side by side "
+      "with their agreement, glibc's mmap threshold, OpenMP's spin count and wait policy, the converter's graph "
+      "variants, other llama_cpp builds) are measured separately by `python -m bench.experiments "
       f"{'|'.join(EXPERIMENTS)}` (`--load {'|'.join(STRESS_ARGS)}` beside a stress-ng load).\n")
     return "\n".join(out) + "\n"
 

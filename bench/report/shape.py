@@ -102,8 +102,8 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
             chunks = head["single"][0].get("codec_chunks") or []
             avg_chunk = sum(chunks) / len(chunks) if chunks else 1
             w(f"| codec | fp32 | {_gb(cc['weight_bytes_per_call'])} per call (avg {avg_chunk:.1f} frames/call) | "
-              f"{cc['flops_per_frame'] / 1e9:.2f} GFLOP | {_f(bound)} | {_f(iso.get('codec_ms_per_frame'))} (4 frames/call) | "
-              f"{_f(meas)} | {_x(meas, bound)} | {_f(_med(o, 'codec_ms_per_frame'))} (fp32) |")
+              f"{cc['flops_per_frame'] / 1e9:.2f} GFLOP | {_f(bound)} | {_f(iso.get('codec_ms_per_frame'))} (4 "
+              f"frames/call) | {_f(meas)} | {_x(meas, bound)} | {_f(_med(o, 'codec_ms_per_frame'))} (fp32) |")
         w("")
         w("*Alone*: the same loaded objects called back to back outside the engine loop (talker: 16 single-row "
           "steps after the real prompt; code predictor: one frame per call; codec: 4 frames per call). *In the "
@@ -113,9 +113,9 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
             gap = max(ratios)
             far = max(ratios, key=lambda r: r[1])
             share = max(ratios, key=lambda r: r[3])
-            w(f"Headline configuration: furthest from its bound: **{far[2]}** ({far[1]:.1f}×: {far[3]:.0f} ms measured vs {far[4]:.0f} ms). "
-              f"Largest absolute gap: **{gap[2]}** ({gap[3] - gap[4]:.0f} ms per frame above its bound). "
-              f"Largest share of each frame: **{share[2]}** ({share[3]:.0f} of "
+            w(f"Headline configuration: furthest from its bound: **{far[2]}** ({far[1]:.1f}×: {far[3]:.0f} ms measured "
+              f"vs {far[4]:.0f} ms). Largest absolute gap: **{gap[2]}** ({gap[3] - gap[4]:.0f} ms per frame above its "
+              f"bound). Largest share of each frame: **{share[2]}** ({share[3]:.0f} of "
               f"{sum(r[3] for r in ratios):.0f} ms). The {head_cp} code predictor reads "
               f"{_gb(pc.get('bytes_per_frame', 0))} per frame "
               f"({pc.get('bytes_per_frame', 0) / max(talker_costs.get(head_q, {}).get('bytes_per_step', 1), 1):.1f}× "
@@ -130,7 +130,8 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
         for k, r in entry["ours"].items():
             quant, cp, t = _split(k)
             if not _ok(r) or not r.get("single"):
-                w(f"| {quant} | {cp} | | {t} | failed: {r.get('error') or '; '.join(r.get('errors', []))} | | | | | | | | |")
+                w(f"| {quant} | {cp} | | {t} | failed: {r.get('error') or '; '.join(r.get('errors', []))} | | | | | | "
+                  f"| | |")
                 continue
             s = r["single"]
             preset = next((f" (`--preset {name}`)" for name, p in PRESETS.items()
@@ -162,23 +163,25 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
           "code-predictor call per iteration; the codec runs once per stream and chunk). Aggregate RTF = wall time "
           "until the last stream ends / total audio of all streams (below 1 = faster than real time in total); "
           "per-stream RTF = each stream's own wall time / its audio.\n")
-        w("| talker | code predictor | threads | streams | aggregate RTF | per-stream RTF | first audio, median / max s | "
-          "talker ms per iteration | code predictor ms per call | codec ms per frame | peak RSS | bg |")
+        w("| talker | code predictor | threads | streams | aggregate RTF | per-stream RTF | first audio, median / max "
+          "s | talker ms per iteration | code predictor ms per call | codec ms per frame | peak RSS | bg |")
         w("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for k, r in conc_runs:
             quant, cp, t = _split(k)
             for c in r["concurrency"]:
                 codec_pf = 1e3 * c["codec_s"] / c["frames_total"] if c.get("frames_total") else None
-                w(f"| {quant} | {cp} | {t} | {c['streams']} | {_f(c['aggregate_rtf'], 2)} | {_f(c['per_stream_rtf'], 2)} | "
-                  f"{_f(c['first_audio_s_median'], 2)} / {_f(c['first_audio_s_max'], 2)} | {_f(c.get('talker_call_ms'))} | "
-                  f"{_f(c.get('predictor_call_ms'))} (batch {_f(c.get('predictor_batch'), 0)}) | {_f(codec_pf)} | "
-                  f"{_mb(r.get('peak_rss_mb'))} | {100 * c['background']:.0f} % |")
+                w(f"| {quant} | {cp} | {t} | {c['streams']} | {_f(c['aggregate_rtf'], 2)} | "
+                  f"{_f(c['per_stream_rtf'], 2)} | {_f(c['first_audio_s_median'], 2)} / "
+                  f"{_f(c['first_audio_s_max'], 2)} | {_f(c.get('talker_call_ms'))} | {_f(c.get('predictor_call_ms'))} "
+                  f"(batch {_f(c.get('predictor_batch'), 0)}) | {_f(codec_pf)} | {_mb(r.get('peak_rss_mb'))} | "
+                  f"{100 * c['background']:.0f} % |")
         w("")
         w("Scaling against one stream (same configuration, same run): *talker + code predictor* = N × (talker step "
           "+ code predictor call at 1 stream) / (talker + code predictor per iteration at N streams), the work the "
           "batched calls share; *end to end* = aggregate RTF at 1 stream / aggregate RTF at N (the codec runs per "
           "stream, so it does not batch).\n")
-        w("| talker | code predictor | streams | talker + code predictor throughput vs 1 stream | end to end vs 1 stream |")
+        w("| talker | code predictor | streams | talker + code predictor throughput vs 1 stream | end to end vs 1 "
+          "stream |")
         w("|---|---|---|---|---|")
         for k, r in conc_runs:
             quant, cp, t = _split(k)
@@ -209,9 +212,11 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
     else:
         runs = http["runs"]
         w("`python -m qwen3_tts_gguf serve`, `POST /v1/audio/speech` with `response_format: \"pcm\"`, same text, "
-          f"voice and seed, `max_frames` {http['frames']} (EOS not suppressed over HTTP: random weights rarely emit it).\n")
+          f"voice and seed, `max_frames` {http['frames']} (EOS not suppressed over HTTP: random weights rarely emit "
+          f"it).\n")
         w("| | median | best |\n|---|---|---|")
-        w(f"| request sent → first PCM byte, s | {_f(_med(runs, 'first_audio_s'), 3)} | {_f(_best(runs, 'first_audio_s'), 3)} |")
+        w(f"| request sent → first PCM byte, s | {_f(_med(runs, 'first_audio_s'), 3)} | "
+          f"{_f(_best(runs, 'first_audio_s'), 3)} |")
         w(f"| whole response, s | {_f(_med(runs, 'total_s'), 2)} | {_f(_best(runs, 'total_s'), 2)} |")
         w(f"| RTF | {_f(_med(runs, 'rtf'), 2)} | {_f(_best(runs, 'rtf'), 2)} |")
         first = http.get("first_request") or {}
@@ -249,15 +254,15 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
             top = list(p["op_time_s"].items())[:5]
             w(f"Code predictor {cp}, one call ({_ms(p['call_s'])} ms in the profiled run): "
               + ", ".join(f"{op} {100 * t / tot:.0f} %" for op, t in top)
-              + f". Weights read per call {_gb(p['bytes_per_frame'])} → {p['bytes_per_frame'] / 1e9 / p['call_s']:.1f} GB/s "
-                f"achieved.\n")
+              + f". Weights read per call {_gb(p['bytes_per_frame'])} → {p['bytes_per_frame'] / 1e9 / p['call_s']:.1f} "
+                f"GB/s achieved.\n")
         if cc.get("op_time_s_per_frame"):
             ops = cc["op_time_s_per_frame"]
             tot = sum(ops.values())
             top = list(ops.items())[:6]
             conv_t = sum(t for op, t in ops.items() if op in ("Conv", "FusedConv", "ConvTranspose"))
-            w(f"Codec, {cc.get('profile_frames')} frames per call ({_ms(cc.get('call_s_per_frame'))} ms per frame in the "
-              f"profiled run): " + ", ".join(f"{op} {100 * t / tot:.0f} %" for op, t in top)
+            w(f"Codec, {cc.get('profile_frames')} frames per call ({_ms(cc.get('call_s_per_frame'))} ms per frame in "
+              f"the profiled run): " + ", ".join(f"{op} {100 * t / tot:.0f} %" for op, t in top)
               + f". Convolutions achieve about {cc['flops_per_frame'] / 1e9 / conv_t:.0f} GFLOP/s "
                 f"(all {cc['flops_per_frame'] / 1e9:.1f} GFLOP per frame over the convolution time).\n")
 
@@ -276,8 +281,8 @@ def _render_latency(w, head: dict, quant: str, cp: str, threads: str) -> None:
       "streaming-text stream opened with no text (as a WebSocket `start`), its words pushed 0.4 s later (an LLM's "
       "first token), prefix cache cleared first: timed from the words; the engine prefilled the voice prefix while "
       "the stream waited, so its prefill holds the text rows only.\n")
-    w("| text mode | voice prefix | time to first audio, s | prefill rows | prefill, ms | first code predictor call, ms "
-      "| first codec call (1 frame), ms | rest (prompt build, queueing), ms | target | bg |")
+    w("| text mode | voice prefix | time to first audio, s | prefill rows | prefill, ms | first code predictor call, "
+      "ms | first codec call (1 frame), ms | rest (prompt build, queueing), ms | target | bg |")
     w("|---|---|---|---|---|---|---|---|---|---|")
     for case in runs[0]:
         rs = [r[case] for r in runs if case in r]
@@ -332,7 +337,8 @@ def _render_agreement(w, ag: dict) -> None:
     w("| path | against | codebook 0 / first code equal | all 15 codes equal | logits, relative RMS error (median) |")
     w("|---|---|---|---|---|")
     for quant, a in ag.get("talker", {}).items():
-        w(f"| talker {quant} | talker {ref} | {100 * a['code0_agree']:.1f} % | | {100 * a['logits_rel_rms_median']:.2f} % |")
+        w(f"| talker {quant} | talker {ref} | {100 * a['code0_agree']:.1f} % | | "
+          f"{100 * a['logits_rel_rms_median']:.2f} % |")
     kv = ag.get("kv_cache") or {}
     for cache, a in ((k, v) for k, v in kv.items() if k != "talker"):
         default = " (the default)" if cache == "q8_0" else ""

@@ -23,8 +23,8 @@ def render_stages(block: dict, standalone: bool = False) -> str:
       f"decoded in the engine's chunks {' + '.join(map(str, first.get('chunks', [])))}), "
       f"{first.get('rounds')} rounds with the variants alternating, one process per shape "
       "(`bench/stage_runtimes.py`). Eight streams: the ONNX and ggml code predictors decode them in one batched "
-      "call a step; llama.cpp's `code_gen` takes one stream a call. *Loaded*: resident memory its file added when it was "
-      "loaded (each variant loads its own copy; llama.cpp's file holds both stages, so its figure counts both). "
+      "call a step; llama.cpp's `code_gen` takes one stream a call. *Loaded*: resident memory its file added when it "
+      "was loaded (each variant loads its own copy; llama.cpp's file holds both stages, so its figure counts both). "
       "*Agreement*: against the fp32 ONNX graph: greedy codes equal on the same states (code predictor), SNR of the "
       "audio (codec). Random weights: speed does not depend on them; agreement must be measured again on real "
       "checkpoints.\n")

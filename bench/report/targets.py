@@ -72,7 +72,8 @@ def render_targets(res: dict) -> str:
     fast = PRESETS["fast"]
     fast_rtf = []
     for shape, (key, _) in heads.items():
-        run = res["shapes"][shape].get("ours", {}).get(f"{fast.quant}+{fast.cp_precision}/t{_split(key)[2]}") if key else None
+        run = (res["shapes"][shape].get("ours", {}).get(f"{fast.quant}+{fast.cp_precision}/t{_split(key)[2]}")
+               if key else None)
         fast_rtf.append(_med(run["single"], "rtf") if _ok(run) and run.get("single") else None)
     add(f"one stream, `--preset fast` ({_preset_words('fast')}; agreement in "
         "*Agreement of the quantized paths*): RTF", _goal(FAST_RTF_TARGET), fast_rtf, 2,
@@ -131,15 +132,16 @@ def render_targets(res: dict) -> str:
             f"{c8['talker_call_ms']:.0f} ms and the batched code predictor call {c8['predictor_call_ms']:.0f} ms, "
             f"{per_frame:.0f} ms per frame together; the codec does not batch across streams (`python -m "
             f"bench.experiments codec-batch`) and took {codec:.0f} ms per frame on the same cores. Their sum, "
-            f"{per_frame + codec:.0f} ms per {1e3 / FRAME_RATE:.0f} ms frame, is RTF {(per_frame + codec) * FRAME_RATE / 1e3:.2f} "
-            f"before any overlap.")
+            f"{per_frame + codec:.0f} ms per {1e3 / FRAME_RATE:.0f} ms frame, is RTF "
+            f"{(per_frame + codec) * FRAME_RATE / 1e3:.2f} before any overlap.")
 
     # stages
     stage_figs = [", ".join(f"{name} {meas / bound:.1f}×" for name, meas, bound in st) if st else None
                   for st in stage_bounds.values()]
     worst = max((meas / bound for _, meas, bound in stages), default=None)
     rows.append(("each stage against its lower bound (*Each stage next to its physical limit*)",
-                 _goal(STAGE_BOUND_TARGET, 1, "×"), [f or "–" for f in stage_figs], _verdict(worst, STAGE_BOUND_TARGET)))
+                 _goal(STAGE_BOUND_TARGET, 1, "×"), [f or "–" for f in stage_figs],
+                 _verdict(worst, STAGE_BOUND_TARGET)))
     if worst is not None and worst > STAGE_BOUND_TARGET:
         alone = head0.get("isolated") if _ok(head0.get("isolated")) else {}
         ratios = [f"{name} {alone[STAGE_KEYS[name]] / bound:.1f}×" for name, _, bound in stages
@@ -161,8 +163,8 @@ def render_targets(res: dict) -> str:
         ones = [sd[k]["ours"][2] for k in ("cpu1", "stream1") if k in sd and sd[k]["ours"][2] is not None]
         one = max(ones) if ones else None
         weighted = _weighted_slowdown(busy)
-        extra.append(f"| one busy process (`stress-ng --cpu 1`, `--stream 1`): slowdown | {_goal(ONE_PROCESS_TARGET)}× | "
-                     f"{_f(one, 2)}× ({label0})"
+        extra.append(f"| one busy process (`stress-ng --cpu 1`, `--stream 1`): slowdown | {_goal(ONE_PROCESS_TARGET)}× "
+                     f"| {_f(one, 2)}× ({label0})"
                      + (f"; {weighted:.2f}× under `--cpu 1` with a larger CPU weight (autogroup nice "
                         f"{busy.get('weighted_nice')})" if weighted is not None else "")
                      + f" | {_verdict(one, ONE_PROCESS_TARGET)}"
@@ -214,7 +216,8 @@ def render_targets(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _one_row_floor(res: dict, weight_bytes: float, stages: list[tuple[str, float, float]]) -> tuple[float, float] | None:
+def _one_row_floor(res: dict, weight_bytes: float,
+                   stages: list[tuple[str, float, float]]) -> tuple[float, float] | None:
     """(ms per frame to stream `weight_bytes` at the ORT M=1 MatMul chain's rate, the codec's convolution bound in
     ms) of this run; None where it lacks either."""
     gemv = res.get("machine_limits", {}).get("gemv_stream_gbs")
@@ -286,8 +289,9 @@ def _streaming_bound(label: str, head_latency: dict[str, dict], block: dict) -> 
     after = cached["predictor_s"] + cached["codec_s"]
     rows = round(cached.get("prefill_rows") or 0)
     line = (f"First audio with streaming text ({label}): after even a prefill of {rows} row{'s' * (rows != 1)} "
-            f"({_ms(cached.get('prefill_s'))} ms, the voice's prefix cached) the first frame needs the code predictor call ({_ms(cached['predictor_s'])} "
-            f"ms) and a one-frame codec call ({_ms(cached['codec_s'])} ms): {1e3 * after:.0f} ms"
+            f"({_ms(cached.get('prefill_s'))} ms, the voice's prefix cached) the first frame needs the code predictor "
+            f"call ({_ms(cached['predictor_s'])} ms) and a one-frame codec call ({_ms(cached['codec_s'])} ms): "
+            f"{1e3 * after:.0f} ms"
             + (f", above the {1e3 * TTFA_TARGETS['streaming/cached']:.0f} ms goal on their own"
                if after > TTFA_TARGETS["streaming/cached"] else "")
             + (f"; cold, the prompt's {_f(cold.get('prefill_rows'), 0)} rows add a {_ms(cold.get('prefill_s'))} ms "

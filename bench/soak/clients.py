@@ -16,7 +16,8 @@ one outcome per request in a `Recorder`. Outcomes:
 | `timeout` | no (complete) answer within the request timeout | **yes** |
 | `bad_response` | an answer that breaks the documented protocol (bad audio head, no `done`, 422, ...) | finding |
 | `unexpected_status` | a status other than the documented one (not 5xx) | finding |
-| `reset_on_upload` | an oversized body whose connection was reset while it was still being sent, so its early 413 never reached the client | finding |
+| `reset_on_upload` | an oversized body whose connection was reset while it was still being sent, so its early 413 \
+never reached the client | finding |
 
 Nothing here ever connects anywhere but `HOST`.
 """
@@ -367,7 +368,8 @@ async def ws_utterance(ws, target: Target, rng: random.Random, *, fmt: str = "pc
         err = event.get("error") or {}
         if err.get("code") in ("queue_full", "rate_limited") or err.get("type") == "rate_limit_error":
             return "rate_limited", "", None
-        return ("server_error_event" if err.get("type") == "server_error" else "unexpected_status"), json.dumps(event), None
+        return (("server_error_event" if err.get("type") == "server_error" else "unexpected_status"),
+                json.dumps(event), None)
     if event.get("type") != "started":
         return "bad_response", f"expected started, got {event}", None
     if leave == "after_started":

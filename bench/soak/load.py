@@ -179,7 +179,8 @@ DISRUPT_CASES = ("httpx_close_mid_stream", "sdk_close_mid_stream", "sse_close_af
                  "ws_leave_after_started", "ws_leave_after_text", "ws_leave_after_audio")
 
 
-async def disrupt_loop(target: Target, rng: random.Random, rec: Recorder, deadline: float, cap: int, client, sdk) -> None:
+async def disrupt_loop(target: Target, rng: random.Random, rec: Recorder, deadline: float, cap: int, client,
+                       sdk) -> None:
     n = 0
     while time.monotonic() < deadline and n < cap:
         case = DISRUPT_CASES[n % len(DISRUPT_CASES)] if rng.random() < 0.5 else rng.choice(DISRUPT_CASES)
@@ -237,7 +238,8 @@ async def _expect_refusal(kind: str, rec: Recorder, target: Target, client, cont
 def _judge_refusal(kind: str, rec: Recorder, res: HTTPResult, accepted: tuple, description: str, *,
                    drop_ok: bool = False) -> None:
     if res.status is not None and res.status >= 500:
-        rec.record(kind, "http_5xx", request=description, detail=f"{res.status}: {res.data[:800].decode('utf-8', 'replace')}")
+        rec.record(kind, "http_5xx", request=description,
+                   detail=f"{res.status}: {res.data[:800].decode('utf-8', 'replace')}")
     elif res.timed_out:
         rec.record(kind, "timeout", request=description, detail=res.error or "")
     elif res.status is None:
@@ -253,7 +255,8 @@ def _judge_refusal(kind: str, rec: Recorder, res: HTTPResult, accepted: tuple, d
         else:
             rec.record(kind, "accepted" if res.status == 200 else "ok")
     elif res.status == 200:
-        rec.record(kind, "unexpected_status", request=description, detail="200: accepted a request expected to be refused")
+        rec.record(kind, "unexpected_status", request=description,
+                   detail="200: accepted a request expected to be refused")
     else:
         rec.record(kind, "unexpected_status", request=description,
                    detail=f"{res.status} (expected {accepted}): {res.data[:400].decode('utf-8', 'replace')}")
@@ -285,7 +288,8 @@ async def hostile_http(case: str, target: Target, rng: random.Random, rec: Recor
         content = _body_with(target, "input", "z" * size)
         desc = f"POST /v1/audio/speech, {len(content)}-byte body (input of that many characters)"
         res = await http_speech(client, target, content=content, close_after_bytes=1)
-        if res.status is None and res.error and res.error.startswith(("ReadError", "WriteError", "RemoteProtocolError")):
+        if (res.status is None and res.error
+                and res.error.startswith(("ReadError", "WriteError", "RemoteProtocolError"))):
             # the server answers 413 from Content-Length and closes; the rest of the body then meets a reset
             rec.record(kind, "reset_on_upload", request=desc, detail=res.error)
         else:
@@ -359,7 +363,8 @@ async def hostile_http(case: str, target: Target, rng: random.Random, rec: Recor
     elif case == "malformed_http":
         data = rng.choice([b"GARBAGE\r\n\r\n", b"POST /v1/audio/speech HTTP/9.9\r\nHost: x\r\n\r\n",
                            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-                           b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 9\r\n\r\n{}",
+                           b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Length: 5\r\nContent-Length: 9\r\n\r\n{}",
                            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nX-Big: " + b"h" * 70000 + b"\r\n\r\n",
                            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n"])
         got, ended = await raw_exchange(target, data, read_until="status", timeout=30)
@@ -417,7 +422,8 @@ async def _stream_upload(client, target: Target, chunks) -> HTTPResult:
 
 # WebSocket messages that must each get an `error` event (never server_error) and leave the socket usable
 WS_BAD_MESSAGES = (
-    ("text", "not json{"), ("text", "[1, 2]"), ("text", "42"), ("text", '{"type": "dance"}'), ("text", '{"no": "type"}'),
+    ("text", "not json{"), ("text", "[1, 2]"), ("text", "42"), ("text", '{"type": "dance"}'),
+    ("text", '{"no": "type"}'),
     ("bytes", b"\x00\x01\x02"), ("text", '{"type": "text", "text": "hi"}'), ("text", '{"type": "stop"}'),
     ("text", '{"type": "start", "speed": 99}'), ("text", '{"type": "start", "voice": 42}'),
     ("text", '{"type": "start", "model": "no-such-model"}'), ("text", '{"type": "start", "format": "ogg"}'),

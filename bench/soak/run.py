@@ -404,7 +404,8 @@ def run(args) -> dict:
                               "times_s": base_times, "loadavg": machine.loadavg()}
         time.sleep(1.0)
         idle_before = {"ready": json.loads(http_get(port, "/ready")[1]),
-                       "metrics": parse_metrics(http_get(port, "/metrics")[1].decode()), "proc": proc_status(server.pid)}
+                       "metrics": parse_metrics(http_get(port, "/metrics")[1].decode()),
+                       "proc": proc_status(server.pid)}
 
         sampler.phase = "load"
         rec = Recorder()
@@ -550,9 +551,9 @@ def render(r: dict) -> str:
              f"| commit | `{m['commit']}` {m['commit_subject']}{dirty} |",
              f"| date | {m['date']} |",
              f"| machine | {m['cpu']}, {m['cores']} cores, {m['ram_gib']:.0f} GiB |",
-             f"| load average | {' '.join(m['loadavg_start'])} at the start, {' '.join(r.get('loadavg_end', []))} at the end;"
-             f" other processes' CPU share: {_s(r.get('baseline', {}).get('background'), 2)} during the baseline,"
-             f" {_s(load.get('background'), 2)} during the load |",
+             f"| load average | {' '.join(m['loadavg_start'])} at the start, {' '.join(r.get('loadavg_end', []))} at "
+             f"the end; other processes' CPU share: {_s(r.get('baseline', {}).get('background'), 2)} during the "
+             f"baseline, {_s(load.get('background'), 2)} during the load |",
              f"| model | {r['model']} (`{Path(r['model_dir']).name}`), served as `{r.get('model_id')}` |",
              f"| server | `{' '.join(r['server_cmd'][2:])}` (startup {r.get('startup_s')} s) |",
              f"| load | {r['args']['minutes']:g} min ({load.get('wall_s')} s wall), seed {r['args']['seed']}: "
@@ -563,7 +564,8 @@ def render(r: dict) -> str:
         lines.append(f"| {o} | {n} | 0 |")
     lines += [f"| tracebacks in the server log | {v['tracebacks']} | 0 |",
               f"| 5xx lines in the access log | {v['access_5xx']} | 0 |",
-              f"| idle after the load | {r.get('settle', {}).get('idle')} after {r.get('settle', {}).get('idle_after_s')} s | true |",
+              f"| idle after the load | {r.get('settle', {}).get('idle')} after "
+              f"{r.get('settle', {}).get('idle_after_s')} s | true |",
               f"| leaks (/ready, /metrics gauges) | {len(v['leaks'])} | 0 |"]
     for p in v["leaks"]:
         lines.append(f"| leak | {p} | |")
@@ -572,10 +574,10 @@ def render(r: dict) -> str:
     lines.append(f"| exceptions in the soak's own clients | {v['client_exceptions']} | 0 |")
     lines += ["", "## Server RSS", "", "| start | at load start | peak | end | VmHWM | slope, last half of the load "
               "| slope, whole load | samples |", "|---|---|---|---|---|---|---|---|",
-              f"| {_s(rss.get('start_mb'), 0)} MB | {_s(rss.get('load_start_mb'), 0)} MB | {_s(rss.get('peak_mb'), 0)} MB "
-              f"| {_s(rss.get('end_mb'), 0)} MB | {_s(rss.get('hwm_mb'), 0)} MB | "
-              f"{_s(rss.get('slope_last_half_mb_per_min'), 2)} MB/min | {_s(rss.get('slope_whole_load_mb_per_min'), 2)} MB/min "
-              f"| {rss.get('samples')} |", ""]
+              f"| {_s(rss.get('start_mb'), 0)} MB | {_s(rss.get('load_start_mb'), 0)} MB | {_s(rss.get('peak_mb'), 0)} "
+              f"MB | {_s(rss.get('end_mb'), 0)} MB | {_s(rss.get('hwm_mb'), 0)} MB | "
+              f"{_s(rss.get('slope_last_half_mb_per_min'), 2)} MB/min | "
+              f"{_s(rss.get('slope_whole_load_mb_per_min'), 2)} MB/min | {rss.get('samples')} |", ""]
     leaks = r.get("leaks", {})
     if leaks:
         lines += [f"Open files of the server before / after the load: {leaks['fds'][0]} / {leaks['fds'][1]}; "
@@ -604,9 +606,11 @@ def render(r: dict) -> str:
         lines += ["", "## Errors and findings (first 40)", "", "| t, s | kind | outcome | request | detail |",
                   "|---|---|---|---|---|"]
         for e in events[:40]:
-            lines.append(f"| {e['t_s']} | {e['kind']} | {e['outcome']} | {_cell(e['request'])} | {_cell(e['detail'])} |")
+            lines.append(f"| {e['t_s']} | {e['kind']} | {e['outcome']} | {_cell(e['request'])} | "
+                         f"{_cell(e['detail'])} |")
     log = r["log"]
-    lines += ["", "## Server log", "", f"{log['lines']} lines; {log['tracebacks']} tracebacks, {log['error_lines']} ERROR "
+    lines += ["", "## Server log", "",
+              f"{log['lines']} lines; {log['tracebacks']} tracebacks, {log['error_lines']} ERROR "
               f"lines, {log['warning_lines']} WARNING lines, {log['access_5xx']} access lines with 5xx "
               f"(`{r['log_path']}`); server exit code {r.get('server_exit_code')}."]
     for last, tb in log["traceback_kinds"].items():
