@@ -8,7 +8,8 @@ from bench.agreement import STEPS, measure, talker_agreement
 
 
 def test_agreement_of_the_quantized_paths(converted_factory):
-    folders = {"f16/int8": converted_factory("tiny_cv", "f16"), "q8_0/fp32": converted_factory("tiny_cv", "q8_0", "fp32"),
+    folders = {"f16/int8": converted_factory("tiny_cv", "f16"),
+               "q8_0/fp32": converted_factory("tiny_cv", "q8_0", "fp32"),
                "q8_0/int8": converted_factory("tiny_cv", "q8_0"), "iq4_nl/int8": converted_factory("tiny_cv", "iq4_nl")}
     out = measure({k: str(v) for k, v in folders.items()}, threads=2)
     assert out["reference_quant"] == "f16" and out["steps"] == STEPS + 1

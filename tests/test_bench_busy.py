@@ -76,7 +76,8 @@ def test_one_thread_runs_bound_the_slowdown_where_the_kernel_shares_by_session()
     row = next(r for r in _table(text) if r[0] == "`stress-ng --cpu 1`")
     assert row[6] == "3.10 (3.00)"
     assert "*One thread*: our engine with `threads=1`" in text and "2 runs." in text
-    assert "autogroup" in text and "our run got 1.00 cores, whatever its thread count (it keeps 1.75 busy alone)" in text
+    assert ("autogroup" in text
+            and "our run got 1.00 cores, whatever its thread count (it keeps 1.75 busy alone)" in text)
     assert ("On one thread our engine took RTF 3.00 with no load and 3.10 beside this load (a core of its own), "
             "against 2.10 on 2 threads with no load: the second core speeds our run up 1.43×") in text
     assert "switching to one thread under load would gain 1.10×" in text  # 3.40 / 3.10
@@ -96,7 +97,8 @@ def test_a_larger_cpu_weight_is_reported_against_the_unloaded_runs():
     text = render_busy(busy)
     assert ("With a larger CPU weight: our engine in a session of its own at autogroup nice -5 (a CFS weight "
             "about 3.1× the load's, 1.25× per nice step") in text
-    assert "took RTF 2.50 beside `stress-ng --cpu 1`, keeping 1.40 cores busy: 1.19× our unloaded RTF, within the 1.3× target" in text
+    assert ("took RTF 2.50 beside `stress-ng --cpu 1`, keeping 1.40 cores busy: 1.19× our unloaded RTF, within the "
+            "1.3× target") in text
 
     busy["loads"]["cpu1"]["weighted"] = []
     busy["loads"]["cpu1"]["weighted_error"] = "PermissionError: [Errno 13] Permission denied: '/proc/self/autogroup'"
@@ -174,7 +176,8 @@ def test_splice_inserts_then_replaces_keeping_every_section():
     second = splice_section(first, "## Busy machine", "## Busy machine\n\nnew figures\n")
     assert second.count("## Busy machine") == 1 and "new figures" in second and "| load |" not in second
     assert second.replace("## Busy machine\n\nnew figures\n\n", "") == DOC
-    assert splice_section("# B\n\ntext\n", "## Busy machine", "## Busy machine\n\nf\n") == "# B\n\ntext\n\n## Busy machine\n\nf\n\n"
+    assert (splice_section("# B\n\ntext\n", "## Busy machine", "## Busy machine\n\nf\n")
+            == "# B\n\ntext\n\n## Busy machine\n\nf\n\n")
 
 
 def _results_with(busy: dict) -> dict:

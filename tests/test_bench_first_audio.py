@@ -97,7 +97,8 @@ def test_the_section_gives_each_configuration_its_medians_and_where_the_cold_cas
     breakdown = [line for line in text.splitlines() if line.startswith(f"| {iq4.label} |")][-1]
     assert [c.strip() for c in breakdown.strip("|").split("|")][1:] == ["26", "150", "42", "45", "3.0"]
     # the lowest medians: iq4_nl + OpenVINO at 0.6 of the default
-    assert f"- non-streaming, cold: 0.240 s with {iq4.label} against ≤ 0.25 s: **reached** with that configuration" in text
+    assert (f"- non-streaming, cold: 0.240 s with {iq4.label} against ≤ 0.25 s: **reached** with that "
+            "configuration") in text
     assert f"- streaming, cached: 0.108 s with {iq4.label} against ≤ 0.10 s: **not reached**" in text
     assert "by `python -m bench --only latency`" in render_first_audio(block, standalone=True)
     assert "**Not measured.**" in render_first_audio({"configs": {}})

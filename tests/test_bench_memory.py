@@ -23,8 +23,9 @@ def _block(peaks=(2100.0, 2500.0)):
     kv = {}
     for name, peak in zip(memory.KV_CACHES, peaks):
         kv[name] = {"parts": {"kv_cache": name, "n_ctx": 8192, "kv_cache_mb": 476.0 if name == "q8_0" else 896.0,
-                              "shares_mb": {"runtimes": 65, "tokenizer_tables": 92, "talker": 931, "code_predictor": 398,
-                                            "codec": 472}, "loaded_mb": 1958, "loaded_file_mb": 500,
+                              "shares_mb": {"runtimes": 65, "tokenizer_tables": 92, "talker": 931,
+                                            "code_predictor": 398, "codec": 472},
+                              "loaded_mb": 1958, "loaded_file_mb": 500,
                               "files_mb": {"talker.gguf": 453, "code_predictor.onnx": 252, "codec_decoder.onnx": 435,
                                            "text_tables.safetensors": 672}},
                     "peak": {"peak_mb": peak, "loaded_mb": 2000, "streams": 8, "after_file_mb": 610}}
@@ -36,7 +37,8 @@ def test_the_section_names_each_part_and_the_target():
     assert "| **peak, 8 streams** | **2100** | **2500** |" in text
     assert "476 (8192 cells)" in text and "**not reached** (2100 MiB, KV cache q8_0)" in text
     assert "weights alone take 1140 MiB" in text and "holds 8192 cells" in text
-    assert "(clean: the kernel may drop and read them again; shared by processes mapping the same files) | 500 / 610 |" in text
+    assert ("(clean: the kernel may drop and read them again; shared by processes mapping the same files) "
+            "| 500 / 610 |") in text
     assert "**reached** (1400 MiB, KV cache q8_0)" in render_memory(_block((1400.0, 1800.0)))
     assert "Not measured" in render_memory({"kv": {"q8_0": {"parts": {"error": "x"}, "peak": {}}}})
     doc = splice_section("# B\n\n## Machine limits\n\nx\n", "## Memory", render_memory(_block(), standalone=True))
@@ -85,11 +87,13 @@ def test_the_overlap_section_compares_the_default_with_inline():
                              zip(OVERLAP_VARIANTS, (1.8, 1.6, 1.5, 1.4), (2000, 2000, 2100, 2500))}}
     text = render_overlap(block, standalone=True)
     assert "## Codec overlap" in text and "| table |" in text and "--only overlap" in text
-    assert "against inline: one stream's RTF 3.10 → 2.90 (-6 %); eight streams' aggregate RTF 1.80 → 1.60 (-11 %)" in text
+    assert ("against inline: one stream's RTF 3.10 → 2.90 (-6 %); eight streams' aggregate RTF 1.80 → 1.60 "
+            "(-11 %)") in text
     assert ("(`--codec-threads 1`) against the default: one stream's RTF 2.90 → 2.70 (-7 %); eight streams' aggregate "
             "RTF 1.60 → 1.50 (-6 %); first audio 0.30 → 0.30 s; peak RSS after eight streams 2000 → 2100 MiB") in text
     assert ("(`--codec-runtime openvino`) against the default: one stream's RTF 2.90 → 2.40 (-17 %); eight streams' "
-            "aggregate RTF 1.60 → 1.40 (-13 %); first audio 0.30 → 0.30 s; peak RSS after eight streams 2000 → 2500 MiB") in text
+            "aggregate RTF 1.60 → 1.40 (-13 %); first audio 0.30 → 0.30 s; peak RSS after eight streams "
+            "2000 → 2500 MiB") in text
     assert cli.build_parser().parse_args(["--only", "overlap"]).only == "overlap"
     assert "--preset fast" not in text  # no fast comparison measured, none rendered
 
@@ -114,8 +118,9 @@ def test_the_targets_take_openvino_from_the_overlap_block():
              "fast": {"runs": {default: [run(1.1)], openvino: [run(0.9), run(1.0), run(0.98)]},
                       "concurrency": {openvino: {"aggregate_rtf": 0.58, "peak_rss_mb": 2300}}}}
     one, eight = _overlap_targets(block)
-    assert one == ("| one stream, `--preset fast` (talker q4_k_m, code predictor int4) with `--codec-runtime openvino`: "
-                   "RTF | ≤ 1.0 | 0.98 (0.6B; peak RSS after eight streams 2,300 MiB) | **reached** (*Codec overlap*) |")
+    assert one == ("| one stream, `--preset fast` (talker q4_k_m, code predictor int4) with `--codec-runtime "
+                   "openvino`: RTF | ≤ 1.0 | 0.98 (0.6B; peak RSS after eight streams 2,300 MiB) | **reached** (*Codec "
+                   "overlap*) |")
     assert eight == ("| eight streams with `--codec-runtime openvino`: aggregate RTF | ≤ 0.6 | 0.88 with the default "
                      "weights; 0.58 with `--preset fast` (0.6B) | **reached** (*Codec overlap*) |")
     assert _overlap_targets({}) == []

@@ -67,8 +67,10 @@ def test_measure_runs_every_engine_side_by_side_and_reports_a_peer_that_cannot_i
         return tmp_path / "python"
 
     monkeypatch.setattr("bench.session.Session", FakeSession)
-    monkeypatch.setattr("bench.prepare.ensure_checkpoint", lambda shape, log=print: (tmp_path / f"ckpt-{shape}-d", "bpe"))
-    monkeypatch.setattr("bench.prepare.ensure_converted", lambda ckpt, shape, q, cp, t, log=print: tmp_path / f"{q}-{cp}")
+    monkeypatch.setattr("bench.prepare.ensure_checkpoint",
+                        lambda shape, log=print: (tmp_path / f"ckpt-{shape}-d", "bpe"))
+    monkeypatch.setattr("bench.prepare.ensure_converted",
+                        lambda ckpt, shape, q, cp, t, log=print: tmp_path / f"{q}-{cp}")
     monkeypatch.setattr(peers, "ensure_venv", no_pip)
     monkeypatch.setattr(peers, "ensure_model", lambda peer, fmt, ckpt, python, log=print: {
         "files": {"tmod": str(tmp_path / fmt / "model.tmod")}, "how": "vox.build", "convert_s": 3.0})
@@ -88,7 +90,8 @@ def test_measure_runs_every_engine_side_by_side_and_reports_a_peer_that_cannot_i
 
 
 def test_names_and_quantization_follow_the_qwentts_layout():
-    assert qwentts_name("talker.model.layers.3.self_attn.q_norm.weight", _TALKER_RULES) == "talker.blk.3.attn_q_norm.weight"
+    assert (qwentts_name("talker.model.layers.3.self_attn.q_norm.weight", _TALKER_RULES)
+            == "talker.blk.3.attn_q_norm.weight")
     assert qwentts_name("talker.code_predictor.lm_head.14.weight", _TALKER_RULES) == "code_pred.lm_head.14.weight"
     assert qwentts_name("decoder.decoder.2.block.4.conv2.conv.bias", _CODEC_RULES) == "tok_dec.dec.2.res.2.conv2.bias"
     assert qwentts_name("decoder.pre_transformer.layers.0.mlp_layer_scale.scale", _CODEC_RULES) == \
@@ -112,7 +115,8 @@ def test_the_qwentts_files_of_a_tiny_checkpoint(tiny_cv, tmp_path):
     assert names["talker.output_norm.weight"] == "F32" and "Q8_0" in names.values()  # tiny rows: some are F16
     codec = gguf.GGUFReader(str(tmp_path / "codec.gguf"))
     names = {t.name: t.tensor_type.name for t in codec.tensors}
-    assert names["tok_dec.vq_first.0.codebook"] == "F32" and names["tok_dec.pre_tfm.input_proj.weight"] in ("Q8_0", "F16")
+    assert (names["tok_dec.vq_first.0.codebook"] == "F32"
+            and names["tok_dec.pre_tfm.input_proj.weight"] in ("Q8_0", "F16"))
     assert not [n for n in names if n.startswith("tok_enc.")]
 
 
@@ -136,7 +140,8 @@ def _block() -> dict:
     }
     return {"date": "2026-12-05 18:45 UTC", "commit": "abc", "dirty_files": 0, "cpu": "Intel(R) Xeon(R) Processor",
             "cores": 2, "flags": ["avx2", "avx512f"], "hypervisor": True, "threads": 2, "short_frames": 2,
-            "long_frames": 50, "rounds": 3, "loadavg_start": ["0.10", "0.20", "0.30"], "loadavg_end": ["0.4", "0.3", "0.3"],
+            "long_frames": 50, "rounds": 3, "loadavg_start": ["0.10", "0.20", "0.30"],
+            "loadavg_end": ["0.4", "0.3", "0.3"],
             "peers": {p.key: {"engine": p.engine, "package": p.package, "version": p.version, "what": p.what,
                               "model_format": p.model_format, "env": p.env} for p in peers.PEERS},
             "shapes": {"0.6b": {"engines": engines}}}

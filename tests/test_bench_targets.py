@@ -16,14 +16,16 @@ def _single(rtf: float, talker=60.0, predictor=140.0, codec=110.0) -> list[dict]
 
 
 def _case(ttfa: float, rows=25, prefill=0.35, predictor=0.14, codec=0.09) -> dict:
-    return {"first_audio_s": ttfa, "prefill_rows": rows, "prefill_s": prefill, "predictor_s": predictor, "codec_s": codec}
+    return {"first_audio_s": ttfa, "prefill_rows": rows, "prefill_s": prefill, "predictor_s": predictor,
+            "codec_s": codec}
 
 
 _CONC = {"per_stream_rtf": 2.0, "first_audio_s_median": 1.0, "first_audio_s_max": 1.5, "background": 0.0}
 
 
 def _shape(rtf=3.4, fast_rtf=0.9, playback_rtf=3.4, stalls=48, agg8=1.96, cold=0.59) -> dict:
-    head = {"single": _single(rtf), "isolated": {"talker_step_ms": 40.0, "predictor_ms": 100.0, "codec_ms_per_frame": 70.0},
+    head = {"single": _single(rtf),
+            "isolated": {"talker_step_ms": 40.0, "predictor_ms": 100.0, "codec_ms_per_frame": 70.0},
             "latency": [{"cases": {"non-streaming/cold": _case(cold), "streaming/cold": _case(0.38, rows=12),
                                    "streaming/cached": _case(0.09, rows=3), "live/cold": _case(0.29, rows=3)}}] * 3,
             "playback": {"rtf": playback_rtf, "stalls": stalls},
@@ -103,9 +105,9 @@ def test_the_fast_preset_and_streaming_first_audio_get_their_bound_lines():
             "GB/s) and the codec's convolutions ≥ 50 ms: RTF ≥ 1.77 on these cores.") in bounds
     assert "on OpenVINO (`--codec-runtime openvino`, *Codec overlap*) the preset ran at RTF 1.10." in bounds
     # streaming: cached 0.09 s reaches its goal, cold 0.38 s does not; the two calls after the prefill: 230 ms
-    assert ("First audio with streaming text (0.6B): after even a prefill of 3 rows (350 ms, the voice's prefix cached) "
-            "the first frame needs the code predictor call (140 ms) and a one-frame codec call (90 ms): 230 ms, above "
-            "the 100 ms goal on their own; cold, the prompt's 12 rows add a 350 ms prefill.") in bounds
+    assert ("First audio with streaming text (0.6B): after even a prefill of 3 rows (350 ms, the voice's prefix "
+            "cached) the first frame needs the code predictor call (140 ms) and a one-frame codec call (90 ms): 230 "
+            "ms, above the 100 ms goal on their own; cold, the prompt's 12 rows add a 350 ms prefill.") in bounds
     assert "`--preset fast` (0.6B)" not in render_targets(_results(**{"0.6b": _shape(fast_rtf=0.9)}))
 
 
@@ -145,7 +147,8 @@ def test_the_blocks_add_busy_machine_and_memory():
     assert row[2] == "1.40× (0.6B); 1.20× under `--cpu 1` with a larger CPU weight (autogroup nice -5)"
     assert row[3].startswith("**not reached**; with the larger CPU weight **reached**")
     assert re.search(r"\| peak RSS.* \| ≤ 1536 \| 2,212 \(`m`, KV cache q8_0\) \| \*\*not reached\*\*", text)
-    res["memory"]["shapes"] = {"0.6b --preset fast": {"model": "f", "kv": {"q4_0": {"parts": {}, "peak": {"peak_mb": 1500.0}}}},
+    res["memory"]["shapes"] = {"0.6b --preset fast": {"model": "f",
+                                                      "kv": {"q4_0": {"parts": {}, "peak": {"peak_mb": 1500.0}}}},
                                "1.7b": {"model": "b", "kv": {"q8_0": {"parts": {}, "peak": {"peak_mb": 1000.0}}}}}
     assert _row(render_targets(res), "peak RSS")[2:] == [
         "2,212 (`m`, KV cache q8_0); 1,500 with `--preset fast` (`f`, KV cache q4_0)",

@@ -203,7 +203,8 @@ def test_server_errors_surface_as_the_sdk_exception(server, client):
     # the socket: a refused start, a refused message mid-stream (the utterance goes on), a wrong key
     with pytest.raises(APIError) as caught:
         client.stream("nobody-at-all")
-    assert caught.value.status is None and caught.value.code == "invalid_value" and caught.value.event["type"] == "error"
+    assert (caught.value.status is None and caught.value.code == "invalid_value"
+            and caught.value.event["type"] == "error")
     with client.stream("ryan", seed=SEED, max_frames=2) as utterance:
         utterance.send_text("x" * 4097)  # over ws_max_session_chars: refused, not added
         with pytest.raises(APIError) as caught:

@@ -225,10 +225,12 @@ def test_long_input_is_decoded_in_bounded_calls(setup, tmp_path):
     with its frames): the same samples and state as one call, to fp32 rounding."""
     path = tmp_path / "codec.onnx"
     save_model(setup["model"], path)
-    whole_dec, split_dec = CodecDecoder(path, threads=1, max_call_frames=1000), CodecDecoder(path, threads=1, max_call_frames=4)
+    whole_dec, split_dec = (CodecDecoder(path, threads=1, max_call_frames=1000),
+                            CodecDecoder(path, threads=1, max_call_frames=4))
     seen: list[tuple[int, ...]] = []
     run = split_dec.session.run
-    split_dec.session = type("Spy", (), {"run": lambda _, names, feeds: seen.append(feeds["codes"].shape) or run(names, feeds)})()
+    split_dec.session = type("Spy", (), {
+        "run": lambda _, names, feeds: seen.append(feeds["codes"].shape) or run(names, feeds)})()
     codes = np.stack([setup["codes"][:11], setup["codes"][5:16]])  # 2 streams x 11 frames
     whole, whole_state = whole_dec.decode(codes)
     split, split_state = split_dec.decode(codes)

@@ -73,7 +73,8 @@ def test_concurrent_lanes_give_what_sequential_calls_give(setup):
         assert b is not None and np.abs(a - b).max() < 1e-6
 
 
-def speak(model_dir, runtime: str, texts: list[str], frames: int, lanes: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+def speak(model_dir, runtime: str, texts: list[str], frames: int,
+          lanes: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     """(codes, audio) of each text, all submitted at once to an engine on 2 threads whose codec runs on
     `runtime` (in two lanes of one thread each: `--codec-threads 1`, or one lane), read side by side
     (seeds 5, 6, ...)."""
@@ -153,7 +154,8 @@ def test_the_flag_reaches_the_engine_settings_from_serve_and_synth(monkeypatch):
     assert engine_settings_from_args(default, check_devices=False).codec_runtime == "auto"
     assert build_parser().parse_args(["synth", "hi", "--codec-runtime", "openvino"]).codec_runtime == "openvino"
     monkeypatch.setenv("QTTS_CODEC_RUNTIME", "openvino")
-    assert engine_settings_from_args(build_parser().parse_args(["serve"]), check_devices=False).codec_runtime == "openvino"
+    assert (engine_settings_from_args(build_parser().parse_args(["serve"]), check_devices=False).codec_runtime
+            == "openvino")
 
 
 def test_two_streams_in_two_lanes_speak_as_they_do_on_onnx_runtime(tiny_cv_f32):

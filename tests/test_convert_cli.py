@@ -71,7 +71,8 @@ def test_the_cpu_code_predictor_graph_reads_the_portable_graphs_weights(tiny_cv_
     portable, cpu = external(tiny_cv_f32 / PREDICTOR_FILE), external(tiny_cv_f32 / PREDICTOR_CPU_FILE)
     weights = {n for n in portable if n.endswith(".weight")}
     assert weights and weights <= set(cpu) and all(cpu[n] == portable[n] for n in weights)
-    assert (tiny_cv_f32 / PREDICTOR_CPU_FILE).stat().st_size < (tiny_cv_f32 / f"{PREDICTOR_FILE}.data").stat().st_size / 20
+    assert ((tiny_cv_f32 / PREDICTOR_CPU_FILE).stat().st_size
+            < (tiny_cv_f32 / f"{PREDICTOR_FILE}.data").stat().st_size / 20)
     assert not list(tiny_cv_f32.glob(f"{PREDICTOR_CPU_FILE}.*"))
     rng = np.random.default_rng(5)
     graphs = [CodePredictor(tiny_cv_f32 / f, threads=1) for f in (PREDICTOR_FILE, PREDICTOR_CPU_FILE)]
@@ -101,7 +102,8 @@ def test_a_graph_shares_only_equal_weights_and_only_beside_them(tmp_path):
 
     save_model(graph(w), tmp_path / "a.onnx", external=True)
     save_model_sharing_weights(graph(other), tmp_path / "b.onnx", tmp_path / "a.onnx")
-    kept = {t.name: t.data_location for t in onnx.load(str(tmp_path / "b.onnx"), load_external_data=False).graph.initializer}
+    kept = {t.name: t.data_location
+            for t in onnx.load(str(tmp_path / "b.onnx"), load_external_data=False).graph.initializer}
     assert kept == {"w": onnx.TensorProto.EXTERNAL, "v": onnx.TensorProto.DEFAULT}
     x = rng.standard_normal((1, 64)).astype(np.float32)
     y = ort.InferenceSession(str(tmp_path / "b.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
@@ -171,13 +173,15 @@ def test_refuses_a_tensor_that_does_not_match_its_config(ckpt_copy, tmp_path):
     config = json.loads((ckpt_copy / "config.json").read_text())
     config["talker_config"]["intermediate_size"] += 1
     (ckpt_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"mlp.gate_proj.weight has shape \[128, 64\] but config.json implies \[129, 64\]"):
+    with pytest.raises(CheckpointError, match=r"mlp.gate_proj.weight has shape \[128, 64\] but config.json implies "
+                                              r"\[129, 64\]"):
         Checkpoint.open(ckpt_copy)
 
 
 def test_refuses_a_dropped_tensor(ckpt_copy):
     f = SafetensorsFile(ckpt_copy / "model.safetensors")
-    tensors = {k: np.array(f[k]) for k in f if k != "talker.text_projection.linear_fc1.bias"}  # copies: the file is rewritten
+    # copies: the file is rewritten
+    tensors = {k: np.array(f[k]) for k in f if k != "talker.text_projection.linear_fc1.bias"}
     del f
     write_safetensors(ckpt_copy / "model.safetensors", tensors)
     with pytest.raises(CheckpointError, match="no tensor talker.text_projection.linear_fc1.bias"):
@@ -397,7 +401,8 @@ def test_the_code_predictor_block_size_is_a_choice_of_convert_and_pull(tiny_cv, 
     predictor = load_manifest(target).code_predictor
     assert (predictor["precision"], predictor["block_size"]) == ("int8", 32)
     graph = onnx.load(target / "code_predictor.onnx").graph
-    assert {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"} == {32}
+    assert {a.i for n in graph.node if n.op_type == "MatMulNBits"
+            for a in n.attribute if a.name == "block_size"} == {32}
     bad = _cli("convert", tiny_cv, "-o", tmp_path / "bad", "--cp-block-size", "48", check=False)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr and not (tmp_path / "bad").exists()
 

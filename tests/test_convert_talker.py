@@ -165,7 +165,8 @@ def test_bf16_source_stays_bf16(tiny0b6_cv_bf16, tmp_path):
     write_text_tables(ckpt, tmp_path / "tables.safetensors")
     f = SafetensorsFile(tmp_path / "tables.safetensors")
     assert f.dtype_of("text_embedding") == "BF16"
-    np.testing.assert_array_equal(f.raw("text_embedding")[:4], ckpt.weights.raw("talker.model.text_embedding.weight")[:4])
+    np.testing.assert_array_equal(f.raw("text_embedding")[:4],
+                                  ckpt.weights.raw("talker.model.text_embedding.weight")[:4])
 
 
 def test_safetensors_bf16_widening_is_exact(tmp_path):

@@ -96,8 +96,10 @@ def test_kv_cache_flags_reach_the_engine_from_synth_and_serve(monkeypatch):
     monkeypatch.setenv("QTTS_CODEC_THREADS", "1")
     assert engine_settings_from_args(serve_args(), check_devices=False).codec_threads == 1
     assert engine_settings_from_args(serve_args(), check_devices=False).heap_map_threshold == 1 << 20
-    assert engine_settings_from_args(serve_args("--heap-map-threshold", "0"), check_devices=False).heap_map_threshold == 0
-    assert build_parser().parse_args(["synth", "hello", "--heap-map-threshold", "4194304"]).heap_map_threshold == 4 << 20
+    assert (engine_settings_from_args(serve_args("--heap-map-threshold", "0"), check_devices=False).heap_map_threshold
+            == 0)
+    assert (build_parser().parse_args(["synth", "hello", "--heap-map-threshold", "4194304"]).heap_map_threshold
+            == 4 << 20)
     for bad in ("-1", str((32 << 20) + 1), "1.5"):
         with pytest.raises(SystemExit):
             serve_args("--heap-map-threshold", bad)
@@ -226,7 +228,8 @@ def test_doctor_reports_backends_providers_and_the_default_plan():
     assert "ONNX Runtime" in out and "CPUExecutionProvider" in out and "auto ->" in out
     from qwen3_tts_gguf.model.openvino_session import openvino_version
 
-    openvino = f"openvino {openvino_version()}" if openvino_version() else "openvino not installed (pip install openvino)"
+    openvino = (f"openvino {openvino_version()}" if openvino_version()
+                else "openvino not installed (pip install openvino)")
     assert f"--codec-runtime: onnxruntime {ort.__version__}, {openvino}" in out
     assert ("serve with --gpu-layers 0 --device cpu --cp-runtime auto --codec-runtime auto: talker on the CPU; "
             "code predictor and codec on CPUExecutionProvider") in out

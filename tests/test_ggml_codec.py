@@ -109,7 +109,8 @@ def test_which_runtime_runs_the_codec(tiny, tmp_path):
     manifest = load_manifest(tiny)
     assert resolve("auto", "auto", manifest, gpu_layers=0, onnx_device="cpu").codec == "onnxruntime"
     assert resolve("auto", "auto", manifest, gpu_layers=-1, onnx_device="cpu").codec == "ggml"
-    assert resolve("auto", "auto", manifest, gpu_layers=-1, onnx_device="cpu", deterministic=True).codec == "onnxruntime"
+    assert (resolve("auto", "auto", manifest, gpu_layers=-1, onnx_device="cpu", deterministic=True).codec
+            == "onnxruntime")
     assert resolve("auto", "auto", manifest, gpu_layers=-1, onnx_device="cuda").codec == "onnxruntime"
     with pytest.raises(ValueError, match="deterministic"):
         EngineSettings(deterministic=True, codec_runtime="ggml")

@@ -333,7 +333,8 @@ def test_quantized_code_predictor_block_size(setup):
     from qwen3_tts_gguf.convert.presets import CP_BLOCK_SIZE
 
     def blocks(model) -> set[int]:
-        return {a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+        return {a.i for n in model.graph.node if n.op_type == "MatMulNBits"
+                for a in n.attribute if a.name == "block_size"}
 
     default = quantize_code_predictor(build_code_predictor(setup.ckpt), "int8")
     assert CP_BLOCK_SIZE == 128 and blocks(default) == {128}

@@ -1,5 +1,6 @@
-"""Through a real server: a prompt too long for the context is a 400; a dead engine worker is restarted (503 with Retry-After meanwhile), a
-hopeless one makes /health fail; a client that stops reading is paused, then ended, and frees its slot."""
+"""Through a real server: a prompt too long for the context is a 400; a dead engine worker is restarted (503 with
+Retry-After meanwhile), a hopeless one makes /health fail; a client that stops reading is paused, then ended, and
+frees its slot."""
 
 from __future__ import annotations
 

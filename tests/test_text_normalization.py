@@ -186,7 +186,8 @@ def engine(tiny_cv_f32):
 def test_streams_with_normalization_make_audio(engine):
     voice = VoiceSpec(speaker="ryan", language="english")
     request = SynthesisRequest("I paid $5.99 on 11/30/2026.", voice, text_mode="streaming",
-                               talker=TalkerSampling(GREEDY), code_predictor=GREEDY, seed=0, max_frames=30, ignore_eos=True, text_normalization="auto")
+                               talker=TalkerSampling(GREEDY), code_predictor=GREEDY, seed=0, max_frames=30,
+                               ignore_eos=True, text_normalization="auto")
     fixed = engine.submit(request)
     audio = np.concatenate([c.samples for c in fixed])
     assert fixed.result.finish_reason == "max_frames" and audio.size > 0

@@ -94,7 +94,8 @@ def run_pipecat(make_service: Callable[[Any], Any], text: str, sample_rate: int,
 
     async def speak():
         async with aiohttp.ClientSession() as session:
-            return await run_test(make_service(session), frames_to_send=[TTSSpeakFrame(text=text), SleepFrame(sleep=3.0)],
+            return await run_test(make_service(session),
+                                  frames_to_send=[TTSSpeakFrame(text=text), SleepFrame(sleep=3.0)],
                                   pipeline_params=PipelineParams(audio_out_sample_rate=sample_rate))
 
     return run_async(speak())
