@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import onnx
@@ -154,3 +155,66 @@ def test_the_engine_speaks_through_the_ggml_codec(tiny):
     np.testing.assert_array_equal(ggml_result.codes, onnx_result.codes)
     assert ggml_wav.shape == onnx_wav.shape == (20 * 1920,)
     assert snr_db(onnx_wav, ggml_wav) > CODEC_SNR_DB
+
+
+def test_streams_due_together_decode_in_one_call(tiny):
+    """The engine gathers the frames of every stream due in one iteration into one ggml codec call (its codec
+    lane): each stream's audio still equals one whole decode of its own codes, bit for bit."""
+    engine = open_engine(tiny, codec_runtime="ggml", max_streams=4, chunk_frames=(2,), adaptive_chunks=False)
+    codec = engine.model.codec
+    batches, real = [], codec.decode
+
+    def counting(codes, state=None):
+        batches.append(np.asarray(codes).shape[0] if np.asarray(codes).ndim == 3 else 1)
+        time.sleep(0.05)  # a slow codec: while it runs, every stream's next chunk falls due
+        return real(codes, state)
+
+    codec.decode = counting
+    try:
+        voice = VoiceSpec(speaker="ryan", language="english")
+        streams = [engine.submit(greedy_request(text, voice, frames=12)) for text in
+                   ("The first stream.", "A second one, longer.", "Third.")]
+        results = [speak_stream(s) for s in streams]
+    finally:
+        del codec.decode
+        engine.stop()
+    try:
+        assert max(batches) > 1, batches  # streams shared calls
+        for result, wav in results:
+            assert result.frames == 12
+            np.testing.assert_array_equal(wav, codec.decode_all(result.codes))
+    finally:
+        engine.model.close()
+
+
+def speak_stream(stream):
+    wav = np.concatenate([c.samples for c in stream])
+    return stream.result, wav
+
+
+def test_a_failed_shared_call_is_retried_stream_by_stream(tiny):
+    """A batched codec call that fails costs no stream: each is decoded alone again."""
+    engine = open_engine(tiny, codec_runtime="ggml", max_streams=4, chunk_frames=(2,), adaptive_chunks=False)
+    codec = engine.model.codec
+    real, shared = codec.decode, []
+
+    def failing_when_shared(codes, state=None):
+        time.sleep(0.05)  # a slow codec: while it runs, every stream's next chunk falls due
+        if np.asarray(codes).ndim == 3 and np.asarray(codes).shape[0] > 1:
+            shared.append(np.asarray(codes).shape[0])
+            raise RuntimeError("injected: a shared call failed")
+        return real(codes, state)
+
+    codec.decode = failing_when_shared
+    try:
+        voice = VoiceSpec(speaker="ryan", language="english")
+        streams = [engine.submit(greedy_request(text, voice, frames=12)) for text in
+                   ("The first stream.", "A second one, longer.", "Third.")]
+        results = [speak_stream(s) for s in streams]
+    finally:
+        del codec.decode
+        engine.stop()
+        engine.model.close()
+    assert shared  # a shared call was tried
+    for result, wav in results:
+        assert result.finish_reason == "max_frames" and wav.shape == (12 * 1920,)

@@ -12,7 +12,7 @@ import numpy as np
 
 from qwen3_tts_gguf.engine.active import ActiveStream
 from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult
-from qwen3_tts_gguf.model.codec import CodecState
+from qwen3_tts_gguf.model.codec import CodecState, split_states, stack_states
 
 
 class AudioOut:
@@ -47,17 +47,28 @@ class AudioOut:
             return
         frames, act.pending = act.pending[:n], act.pending[n:]
         act.codec_busy = True
-        self._lane(act).submit(self._codec_job, act, frames)
+        if self._codec_batches:
+            self._due.append((act, frames))  # one call for all of them: `_flush_due`, after this iteration's
+        else:
+            self._lane(act).submit(self._codec_job, act, frames)
+
+    def _flush_due(self) -> None:
+        """The frames `_emit` gathered this iteration, as one job: a codec that decodes several streams in one
+        call (`codec.batches_streams`: the ggml codec) is called once for all of them."""
+        if self._due:
+            due, self._due = self._due, []
+            self._lane(due[0][0]).submit(self._codec_batch_job, due)
 
     def _lane(self, act: ActiveStream) -> ThreadPoolExecutor:
-        """The stream's codec lane: given at its first call, the lane with the fewest running streams;
-        all its calls and its result go through that one, so they stay in order."""
+        """The stream's codec lane: given at its first call, the lane with the fewest running streams (the
+        first lane for every stream when calls batch streams); all its calls and its result go through that
+        one, so they stay in order."""
         if act.codec_lane is None:
             load = [0] * len(self._codec_lanes)
             for other in self._active.values():
                 if other.codec_lane is not None:
                     load[other.codec_lane] += 1
-            act.codec_lane = load.index(min(load))
+            act.codec_lane = 0 if self._codec_batches else load.index(min(load))
         return self._codec_lanes[act.codec_lane]
 
     def _codec_job(self, act: ActiveStream, frames: list) -> None:
@@ -71,13 +82,61 @@ class AudioOut:
             act.codec_busy = False
             self._notify()
 
-    def _emit_audio(self, act: ActiveStream, frames: list) -> None:
-        frames = np.stack(frames)
+    def _codec_batch_job(self, due: list) -> None:
+        """In the first codec lane: the due streams whose frames make one call each, decoded together by
+        frame count; a stream whose frames need several calls (a seeded grid), and every stream of a batched
+        call that failed, one at a time (only the culprit fails)."""
+        try:
+            live = [(a, f) for a, f in due if a.codec_fault is None and not a.stream.cancelled]
+            alone, groups = [], {}
+            for act, frames in live:
+                if len(act.chunks.calls(act.decoded_frames, len(frames))) == 1:
+                    groups.setdefault(len(frames), []).append((act, frames))
+                else:
+                    alone.append((act, frames))
+            for group in groups.values():
+                if len(group) == 1:
+                    alone.extend(group)
+                    continue
+                try:
+                    self._emit_audio_together(group)
+                except Exception:
+                    alone.extend(group)
+            for act, frames in alone:
+                try:
+                    self._emit_audio(act, frames)
+                except Exception as e:
+                    act.codec_fault = e
+        finally:
+            for act, _ in due:
+                act.codec_busy = False
+            self._notify()
+
+    def _emit_audio_together(self, group: list) -> None:
+        """Streams' frames of one count in one codec call; nothing is delivered unless every row is sound."""
         t0, started = time.perf_counter(), self.clock()
+        codec = self.model.codec
+        states = [self._codec_state(act) or codec.new_state() for act, _ in group]
+        wav, state = codec.decode(np.stack([np.stack(frames) for _, frames in group]), stack_states(states))
+        if not np.isfinite(wav).all():
+            raise FloatingPointError("the codec made non-finite samples")
+        seconds = (time.perf_counter() - t0) / len(group)
+        for (act, frames), row, row_state in zip(group, wav, split_states(state)):
+            act.codec_state = row_state
+            self._deliver(act, row, len(frames), seconds, started)
+
+    def _codec_state(self, act: ActiveStream) -> CodecState | None:
+        """The stream's decoder state; before its first frame, a cloned voice's reference codes primed in."""
         reference = act.stream.request.voice.reference
         if act.codec_state is None and reference is not None:
             # the reference frames are the decoder's left context: the first frame already has it
             act.codec_state = self._primed_state(reference.codes)
+        return act.codec_state
+
+    def _emit_audio(self, act: ActiveStream, frames: list) -> None:
+        frames = np.stack(frames)
+        t0, started = time.perf_counter(), self.clock()
+        self._codec_state(act)
         parts, at = [], 0
         for size in act.chunks.calls(act.decoded_frames, len(frames)):  # (one, or the seeded grid's)
             wav, act.codec_state = self.model.codec.decode(frames[at:at + size], act.codec_state)
@@ -86,14 +145,18 @@ class AudioOut:
         wav = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if not np.isfinite(wav).all():
             raise FloatingPointError("the codec made non-finite samples")
-        act.timings["codec_s"] += time.perf_counter() - t0
+        self._deliver(act, wav, len(frames), time.perf_counter() - t0, started)
+
+    def _deliver(self, act: ActiveStream, wav: np.ndarray, n_frames: int, seconds: float, started: float) -> None:
+        """A decoded chunk to its stream: timings, the chunk plan, the chunk itself."""
+        act.timings["codec_s"] += seconds
         now = self.clock()
-        act.chunks.emitted(len(frames), now - started, now)
+        act.chunks.emitted(n_frames, now - started, now)
         if act.stream.first_audio_at is None:
             act.stream.first_audio_at = time.monotonic()
-        act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=len(frames),
+        act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=n_frames,
                                    progress=act.text.progress))
-        act.decoded_frames += len(frames)
+        act.decoded_frames += n_frames
 
     def _finish(self, act: ActiveStream, reason: str, error: str | None = None, flush: bool = True,
                 retryable: bool = False) -> None:

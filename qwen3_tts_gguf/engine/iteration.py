@@ -104,6 +104,7 @@ class Iteration:
         for act in list(self._active.values()):
             if not act.stream.cancelled and (due := act.frames_due(self.clock())):
                 self._emit(act, due)
+        self._flush_due()
         # 5. prompts of admitted streams and new segments join the same decode
         for act in prefill:
             if act.seq not in self._active:

@@ -100,6 +100,10 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
         self._warm_tried: set[int] = set()  # ids of live streams waiting for text whose prefix was tried
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
         self._codec_lanes: list[ThreadPoolExecutor] = []  # the overlapped codec: one thread each, jobs in order
+        # a codec that decodes several streams in one call (the ggml codec) gets the frames due in one iteration
+        # together, in the first lane (audio_out.py, `_flush_due`)
+        self._codec_batches = bool(getattr(model.codec, "batches_streams", False))
+        self._due: list = []
         self._stats_lock = threading.Lock()  # the codec lanes count errors too
         self._primed_lock = threading.Lock()
         self._heap_used = False  # streams ran since the heap was last given back (_give_back_heap_when_idle)

@@ -59,6 +59,8 @@ class GgmlCodec(GgmlStage):
     """`CodecDecoder` on ggml. `backend`: where it runs (one backend may serve several stages)."""
 
     runtime = "ggml"
+    batches_streams = True
+    """Streams due at the same time decode in one call (the engine gathers them: engine/audio_out.py)."""
 
     def __init__(self, path: str | Path, backend: Backend, *, max_call_frames: int = MAX_CALL_FRAMES,
                  max_graphs: int = MAX_GRAPHS, device_locks: Sequence[DeviceLock] = ()):
