@@ -119,3 +119,6 @@ def test_inputs_ggml_could_not_take_are_refused_before_the_call(predictors):
                  (hidden[:0], [])):
         with pytest.raises(ValueError):
             ggml.predict(*args, SamplingParams(greedy=True), rand=np.zeros((len(args[0]), 15), np.float32))
+    for rand in (np.full((2, 15), np.nan, np.float32), np.full((2, 15), 1.0, np.float32)):
+        with pytest.raises(ValueError, match="uniform"):
+            ggml.predict(hidden, [1, 2], SamplingParams(greedy=True), rand=rand)

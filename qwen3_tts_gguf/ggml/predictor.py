@@ -137,6 +137,8 @@ class GgmlCodePredictor(GgmlStage):
         if len(params) != batch:
             raise ValueError(f"{len(params)} sampling settings for a batch of {batch}")
         rand = uniform_draws(batch, rngs, rand)
+        if not (rand >= 0).all() or not (rand < 1).all():  # NaN included: the draw's index must stay in range
+            raise ValueError("rand must hold uniform numbers in [0, 1)")
         groups: dict[_Sampling | None, list[int]] = {}
         for i, p in enumerate(params):
             groups.setdefault(None if p.greedy else self._sampling(p), []).append(i)
