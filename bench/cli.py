@@ -8,8 +8,9 @@ stress-ng loads, ours and official side by side), merged into the latest saved f
 `--preset fast` model with the codec on ONNX Runtime and on OpenVINO).
 `python -m bench --only codec`: only the codec-precision block (fp16, int8, the Snake with `Sin`: speed and SNR).
 `python -m bench --only latency`: only the time to first audio of the configurations a user can choose.
-`python -m bench --only stages [--shapes 0.6b,1.7b]`: only the code predictor and the codec on ONNX Runtime and on
-llama.cpp's graphs (ms per frame for one stream and eight, memory, agreement).
+`python -m bench --only stages [--shapes 0.6b,1.7b]`: only the code predictor and the codec on ONNX Runtime, the
+project's ggml graphs and llama.cpp's graphs (ms per frame for one stream and eight, the codec at fixed chunks with
+its GFLOP a frame, memory, agreement).
 `python -m bench --only peers [--shapes 0.6b,1.7b]`: only the peer engines on PyPI (qwentts.cpp, vox-tts; each in a
 venv of its own under bench/cache/) beside ours on the same checkpoint: RTF, first audio, peak RSS.
 
