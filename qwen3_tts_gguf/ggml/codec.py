@@ -4,7 +4,9 @@ CUDA, Metal), behind `model/codec.CodecDecoder`'s interface.
 
 One call decodes N new frames of B streams (`codes` [B, N, 16]) after their states and returns their
 samples and the next states: the work of a call is proportional to its frames (no window is decoded
-again), and chunked audio equals one whole decode up to fp32 rounding order. States are host arrays
+again). On the CPU backend chunked audio equals one whole decode bit for bit, and a stream decoded beside
+others equals its solo decode: each query attends exactly the W keys that end at it (a gathered window),
+and every product's rows are padded to a multiple of 4 (`_CodecGraph.product`). States are host arrays
 in `CodecState`'s layout, so the engine stacks and splits them as it does the ONNX codec's. Graphs
 are built once per (B, N) and kept (`max_graphs`); every graph of one decoder shares one activation
 buffer (`graph.GraphCache`), sized at load for the largest call (`max_call_frames` frames).
@@ -13,9 +15,8 @@ Where the graph differs in form from the ONNX one (results equal up to rounding)
 - the conv kernels are applied as im2col + one matrix product, in fp32 (ggml_conv_1d would round its
   input to f16); the ConvNeXt depthwise convs as ggml_ssm_conv (a causal depthwise conv);
 - the Snake's sin^2 is ggml_sin squared (the ONNX graph's polynomial fits it within 1.1e-7);
-- RoPE's cos/sin tables and the sliding-window mask are computed on the host per call from `pos`, as
-  the ONNX graph computes them (fp32, torch's inv_freq), and rotate-half is a product with a fixed
-  +-1 matrix (exact).
+- RoPE's cos/sin tables and the window's mask are computed on the host per call from `pos`, as the ONNX
+  graph computes them (fp32, torch's inv_freq); rotate-half is two halves swapped, one negated (exact).
 """
 
 from __future__ import annotations
