@@ -38,6 +38,8 @@ from api.schemas import ErrorResponse
 INVALID_REQUEST = "invalid_request_error"
 RATE_LIMIT = "rate_limit_error"
 SERVER_ERROR = "server_error"
+CLIENT_CLOSED_REQUEST = 499
+"""nginx's status for "the client left before the response": what a route answers to nobody."""
 
 _RETRYABLE_STATUS = {408, 409, 429, 503}
 

@@ -10,7 +10,7 @@ from typing import Literal
 from fastapi import APIRouter, Request, Response
 
 from api.config import ServerConfig
-from api.errors import error_responses, invalid_request
+from api.errors import CLIENT_CLOSED_REQUEST, error_responses, invalid_request
 from api.ops.clients import client_of
 from api.schemas import SpeechRequest, speech_sse_openapi
 from api.speaking.http_body import (
@@ -33,7 +33,6 @@ log = logging.getLogger("api.routes.speech")
 
 router = APIRouter(tags=["audio"])
 
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client left before the response"
 
 
 @router.post("/v1/audio/speech", response_class=Response, responses={

@@ -36,11 +36,26 @@ from qwen3_tts_gguf.voices.store import (
     validate_name,
 )
 
-from api.errors import SERVER_ERROR, APIError, error_responses, invalid_request, queue_full, unavailable
+from api.errors import (
+    CLIENT_CLOSED_REQUEST,
+    SERVER_ERROR,
+    APIError,
+    error_responses,
+    invalid_request,
+    queue_full,
+    unavailable,
+)
 from api.limits import ServerLimits
 from api.ops.lifecycle import PROCESS
 from api.registry import ModelRegistry, ServedModel
-from api.schemas import MAX_INPUT_CHARS, MAX_INSTRUCTIONS_CHARS, VoiceCreated, VoiceDeleted, voice_upload_openapi
+from api.schemas import (
+    MAX_INPUT_CHARS,
+    MAX_INSTRUCTIONS_CHARS,
+    MAX_LANGUAGE_CHARS,
+    VoiceCreated,
+    VoiceDeleted,
+    voice_upload_openapi,
+)
 from api.state import get_state
 from api.voice_jobs import ClientGone, voice_jobs_of
 from api.voices import StoredVoiceProfiles
@@ -48,8 +63,6 @@ from api.voices import StoredVoiceProfiles
 log = logging.getLogger("api.voices")
 router = APIRouter(tags=["voices"])
 
-CLIENT_CLOSED_REQUEST = 499
-MAX_LANGUAGE_CHARS = 32
 MAX_MODEL_CHARS = 256
 FIELD_CHARS = {"name": 64, "text": MAX_INPUT_CHARS, "instructions": MAX_INSTRUCTIONS_CHARS,
                "language": MAX_LANGUAGE_CHARS, "model": MAX_MODEL_CHARS, "overwrite": 8}
