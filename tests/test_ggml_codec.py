@@ -157,64 +157,51 @@ def test_the_engine_speaks_through_the_ggml_codec(tiny):
     assert snr_db(onnx_wav, ggml_wav) > CODEC_SNR_DB
 
 
-def test_streams_due_together_decode_in_one_call(tiny):
-    """The engine gathers the frames of every stream due in one iteration into one ggml codec call (its codec
-    lane): each stream's audio still equals one whole decode of its own codes, bit for bit."""
+def three_streams_through(tiny, fail_shared: bool):
+    """Three greedy streams of 12 frames at once through an engine whose ggml codec is slow (while a call runs,
+    every stream's next chunk falls due) and, with `fail_shared`, fails every call of several streams.
+    Returns (streams in each call, [(result, audio)], the codec) after the engine stopped."""
     engine = open_engine(tiny, codec_runtime="ggml", max_streams=4, chunk_frames=(2,), adaptive_chunks=False)
     codec = engine.model.codec
     batches, real = [], codec.decode
 
-    def counting(codes, state=None):
-        batches.append(np.asarray(codes).shape[0] if np.asarray(codes).ndim == 3 else 1)
-        time.sleep(0.05)  # a slow codec: while it runs, every stream's next chunk falls due
+    def slow(codes, state=None):
+        codes = np.asarray(codes)
+        batches.append(codes.shape[0] if codes.ndim == 3 else 1)
+        time.sleep(0.05)
+        if fail_shared and batches[-1] > 1:
+            raise RuntimeError("injected: a shared call failed")
         return real(codes, state)
 
-    codec.decode = counting
+    codec.decode = slow
     try:
         voice = VoiceSpec(speaker="ryan", language="english")
         streams = [engine.submit(greedy_request(text, voice, frames=12)) for text in
                    ("The first stream.", "A second one, longer.", "Third.")]
-        results = [speak_stream(s) for s in streams]
+        results = [(s.result, wav) for s in streams for wav in [np.concatenate([c.samples for c in s])]]
     finally:
         del codec.decode
         engine.stop()
+    return batches, results, engine
+
+
+def test_streams_due_together_decode_in_one_call(tiny):
+    """The engine gathers the frames of every stream due in one iteration into one ggml codec call (its codec
+    lane): each stream's audio still equals one whole decode of its own codes, bit for bit."""
+    batches, results, engine = three_streams_through(tiny, fail_shared=False)
     try:
         assert max(batches) > 1, batches  # streams shared calls
         for result, wav in results:
             assert result.frames == 12
-            np.testing.assert_array_equal(wav, codec.decode_all(result.codes))
+            np.testing.assert_array_equal(wav, engine.model.codec.decode_all(result.codes))
     finally:
         engine.model.close()
-
-
-def speak_stream(stream):
-    wav = np.concatenate([c.samples for c in stream])
-    return stream.result, wav
 
 
 def test_a_failed_shared_call_is_retried_stream_by_stream(tiny):
     """A batched codec call that fails costs no stream: each is decoded alone again."""
-    engine = open_engine(tiny, codec_runtime="ggml", max_streams=4, chunk_frames=(2,), adaptive_chunks=False)
-    codec = engine.model.codec
-    real, shared = codec.decode, []
-
-    def failing_when_shared(codes, state=None):
-        time.sleep(0.05)  # a slow codec: while it runs, every stream's next chunk falls due
-        if np.asarray(codes).ndim == 3 and np.asarray(codes).shape[0] > 1:
-            shared.append(np.asarray(codes).shape[0])
-            raise RuntimeError("injected: a shared call failed")
-        return real(codes, state)
-
-    codec.decode = failing_when_shared
-    try:
-        voice = VoiceSpec(speaker="ryan", language="english")
-        streams = [engine.submit(greedy_request(text, voice, frames=12)) for text in
-                   ("The first stream.", "A second one, longer.", "Third.")]
-        results = [speak_stream(s) for s in streams]
-    finally:
-        del codec.decode
-        engine.stop()
-        engine.model.close()
-    assert shared  # a shared call was tried
+    batches, results, engine = three_streams_through(tiny, fail_shared=True)
+    engine.model.close()
+    assert max(batches) > 1, batches  # a shared call was tried
     for result, wav in results:
         assert result.finish_reason == "max_frames" and wav.shape == (12 * 1920,)
