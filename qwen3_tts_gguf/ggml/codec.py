@@ -6,7 +6,7 @@ One call decodes N new frames of B streams (`codes` [B, N, 16]) after their stat
 samples and the next states: the work of a call is proportional to its frames (no window is decoded
 again). On the CPU backend chunked audio equals one whole decode bit for bit, and a stream decoded beside
 others equals its solo decode: each query attends exactly the W keys that end at it (a gathered window),
-and every product's rows are padded to a multiple of 4 (`_CodecGraph.product`). States are host arrays
+and every product's rows are padded to a multiple of 4 (`graph.Ops.product`). States are host arrays
 in `CodecState`'s layout, so the engine stacks and splits them as it does the ONNX codec's. Graphs
 are built once per (B, N) and kept (`max_graphs`); every graph of one decoder shares one activation
 buffer (`graph.GraphCache`), sized at load for the largest call (`max_call_frames` frames).
@@ -29,15 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
-from qwen3_tts_gguf.ggml.graph import Backend, GgmlStage, Graph, GraphCache, Ops, Weights
+from qwen3_tts_gguf.ggml.graph import Backend, GgmlStage, Graph, GraphCache, Ops, Weights, dims
 from qwen3_tts_gguf.ggml.lib import TYPE_F32
 from qwen3_tts_gguf.model.codec import CodecState, checked_codes, decode_in_calls, split_states, stack_states
 from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 
 MAX_CALL_FRAMES = 16
 """Frames (streams x frames) of one call at most; longer input is decoded in pieces, the state carried."""
-ROW_MULTIPLE = 4
-"""Rows of every product padded to a multiple of this (`_CodecGraph.product`)."""
 MAX_GRAPHS = 24
 """Graphs (one per (streams, frames) shape) kept built; the least recently used goes first."""
 
@@ -200,9 +198,6 @@ class _CodecGraph:
         o.output("wav", wav, (batch, frames * cfg.samples_per_frame))
 
     # -- layout ----------------------------------------------------------------------------
-    def shape(self, t) -> tuple[int, ...]:
-        return tuple(reversed(list(t.contents.ne)))  # numpy order, 4 axes
-
     def to_time_last(self, x):
         """[B, L, C] -> [B, C, L] (contiguous)."""
         return self.ops.cont(self.ops.permute(x, 1, 0, 2, 3))
@@ -219,18 +214,8 @@ class _CodecGraph:
 
     # -- pieces ----------------------------------------------------------------------------
     def product(self, rows, weight):
-        """rows [R, in] times a weight [out, in]: [out, R]. The CPU backend picks its kernel by the rows'
-        count (a tiled one for multiples of 4 rows), so rows are padded to a multiple of 4 with zeros: every
-        row's value then comes from the same kernel whatever the call holds, and chunked audio equals one
-        whole decode bit for bit."""
-        o = self.ops
-        weight = self.w[weight] if isinstance(weight, str) else weight
-        count = rows.contents.ne[1]
-        pad = -count % ROW_MULTIPLE
-        if not pad:
-            return o.mul_mat(rows, weight)
-        y = o.mul_mat(o.pad(rows, 0, pad, 0, 0), weight)
-        return o.cont(o.view_2d(y, count, y.contents.ne[1], y.contents.nb[1], 0))
+        """rows [R, in] times a weight [out, in] (a name or a tensor): [out, R], time first (`Ops.product`)."""
+        return self.ops.product(self.w[weight] if isinstance(weight, str) else weight, rows, rows_first=True)
 
     def rows_to_time_last(self, y, length: int, channels: int):
         """[C, B*L] (a product's output) -> [B, C, L]."""
@@ -243,8 +228,8 @@ class _CodecGraph:
         """[B, N, in] -> [B, N, out]."""
         o = self.ops
         rows = self.B * self.N
-        y = self.product(o.reshape_2d(x, self.shape(x)[3], rows), prefix + ".weight")  # [out, R]
-        out = self.shape(y)[2]
+        y = self.product(o.reshape_2d(x, dims(x)[3], rows), prefix + ".weight")  # [out, R]
+        out = dims(y)[2]
         y = o.reshape_3d(o.cont(o.transpose(y)), out, self.N, self.B)
         return o.add(y, self.w[prefix + ".bias"]) if bias else y
 
@@ -252,9 +237,9 @@ class _CodecGraph:
         """Causal Conv1d on [B, C, L] (time last): the state's last (k-1)*d columns prepended, then im2col
         and one fp32 product."""
         o, weight = self.ops, self.w[prefix + ".weight"]  # numpy [C_out, C_in, k]
-        c_out, c_in, k = self.shape(weight)[1:]
+        c_out, c_in, k = dims(weight)[1:]
         hist = (k - 1) * dilation
-        length = self.shape(x)[3]
+        length = dims(x)[3]
         if hist:
             x = o.concat(self.states[state], x, 0)
             self.state_update(state, x, hist, length + hist)
@@ -267,8 +252,8 @@ class _CodecGraph:
         the taps (codec_graph.py, `trans_conv`) -> [B, C_out, N*s]."""
         o = self.ops
         taps = self.w[prefix + ".taps"]  # [C_out*s, m*C_in]
-        cs, mc = self.shape(taps)[2:]
-        c_in, n = self.shape(x)[2], self.shape(x)[3]
+        cs, mc = dims(taps)[2:]
+        c_in, n = dims(x)[2], dims(x)[3]
         m = mc // c_in
         if m > 1:
             x = o.concat(self.states[state], x, 0)
@@ -297,17 +282,17 @@ class _CodecGraph:
         o, q = self.ops, self.cfg.num_quantizers - 1
         e_first = o.get_rows(self.w["quantizer.rvq_first.codebook"], first)  # [B*N, d]
         e_rest = o.get_rows(self.w["quantizer.rvq_rest.codebooks"], rest)  # [B*N*q, d]
-        d = self.shape(e_rest)[3]
+        d = dims(e_rest)[3]
         e_rest = o.reshape_3d(e_rest, d, q, self.B * self.N)
         e_rest = o.reshape_2d(o.sum_rows(o.cont(o.permute(e_rest, 1, 0, 2, 3))), d, self.B * self.N)
         z = o.add(self.product(e_first, "quantizer.rvq_first.output_proj.weight_t"),
                   self.product(e_rest, "quantizer.rvq_rest.output_proj.weight_t"))  # [D, B*N]
-        return self.rows_to_time_last(z, self.N, self.shape(z)[2])
+        return self.rows_to_time_last(z, self.N, dims(z)[2])
 
     def rope(self, x):
         """x [B, N, H, hd] rotated by the host's tables (NeoX rotate-half: [-x2, x1])."""
         o = self.ops
-        b, n, h, hd = self.shape(x)
+        b, n, h, hd = dims(x)
         nb = x.contents.nb
         x1, x2 = (o.cont(o.view_4d(x, hd // 2, h, n, b, nb[1], nb[2], nb[3], at * nb[0])) for at in (0, hd // 2))
         rotated = o.concat(o.scale(x2, -1.0), x1, 0)
@@ -356,23 +341,23 @@ class _CodecGraph:
             h = o.add(h, o.mul(self.linear(m, p + ".mlp.down_proj", False), self.w[p + ".mlp_layer_scale.scale"]))
         h = o.mul(o.rms_norm(h, eps), self.w["pre_transformer.norm.weight"])
         prefix = "pre_transformer.output_proj"
-        y = self.product(o.reshape_2d(h, self.shape(h)[3], self.B * self.N), prefix + ".weight")
-        y = o.add(y, o.reshape_2d(self.w[prefix + ".bias"], 1, self.shape(y)[2]))
-        return self.rows_to_time_last(y, self.N, self.shape(y)[2])
+        y = self.product(o.reshape_2d(h, dims(h)[3], self.B * self.N), prefix + ".weight")
+        y = o.add(y, o.reshape_2d(self.w[prefix + ".bias"], 1, dims(y)[2]))
+        return self.rows_to_time_last(y, self.N, dims(y)[2])
 
     def convnext(self, x, prefix: str, state: str):
         """ConvNeXt on [B, C, L]: causal depthwise k7, LayerNorm, MLP with exact GELU, gamma, residual."""
         o = self.ops
-        length = self.shape(x)[3]
+        length = dims(x)[3]
         full = o.concat(self.states[state], x, 0)  # [B, C, 6+L]
-        hist = self.shape(self.states[state])[3]
+        hist = dims(self.states[state])[3]
         self.state_update(state, full, hist, length + hist)
         y = o.ssm_conv(full, self.w[prefix + ".dwconv.conv.weight"])  # [B, L, C]
         y = o.add(y, self.w[prefix + ".dwconv.conv.bias"])
         y = o.add(o.mul(o.norm(y, 1e-6), self.w[prefix + ".norm.weight"]), self.w[prefix + ".norm.bias"])
-        channels, rows = self.shape(y)[3], self.B * length
+        channels, rows = dims(y)[3], self.B * length
         y = self.product(o.reshape_2d(y, channels, rows), prefix + ".pwconv1.weight")  # [4C, B*L]
-        wide = self.shape(y)[2]
+        wide = dims(y)[2]
         y = o.gelu_erf(o.add(y, o.reshape_2d(self.w[prefix + ".pwconv1.bias"], 1, wide)))
         y = self.product(o.cont(o.transpose(y)), prefix + ".pwconv2.weight")  # [C, B*L]
         y = o.add(y, o.reshape_2d(self.w[prefix + ".pwconv2.bias"], 1, channels))

@@ -25,23 +25,21 @@ class GgmlError(RuntimeError):
     """A ggml device, buffer or graph that could not be made or run."""
 
 
+ROW_MULTIPLE = 4
+"""Rows of every matrix product are padded to a multiple of this (`Ops.product`)."""
+
+
+def dims(t: T) -> tuple[int, ...]:
+    """A tensor's four axes in numpy order (its ne reversed)."""
+    return tuple(reversed(list(t.contents.ne)))
+
+
 def shape_of(t: T) -> tuple[int, ...]:
     """A tensor's numpy shape (its ne reversed, trailing 1s of ne dropped: at least one axis)."""
     ne = list(t.contents.ne)
     while len(ne) > 1 and ne[-1] == 1:
         ne.pop()
     return tuple(reversed(ne))
-
-
-def devices() -> list[tuple[str, str, bool]]:
-    """ggml's devices: (name, description, is a CPU)."""
-    g = ggml()
-    out = []
-    for i in range(g.ggml_backend_dev_count()):
-        d = g.ggml_backend_dev_get(i)
-        out.append((g.ggml_backend_dev_name(d).decode(), (g.ggml_backend_dev_description(d) or b"").decode(),
-                    g.ggml_backend_dev_type(d) == DEV_CPU))
-    return out
 
 
 class Backend:
@@ -58,8 +56,10 @@ class Backend:
                 found = d
                 break
         if found is None:
+            from qwen3_tts_gguf.runtime.devices import llama_runtime
+
             raise GgmlError(f"no ggml device {wanted!r} (this build has: "
-                            f"{', '.join(name for name, _, _ in devices())})")
+                            f"{', '.join(d.name for d in llama_runtime().devices)})")
         self.ptr = g.ggml_backend_dev_init(found, None)
         if not self.ptr:
             raise GgmlError(f"ggml could not start its {wanted} backend")
@@ -144,6 +144,21 @@ class Ops:
             return t
 
         return product if op == "mul_mat" else call
+
+    def product(self, weight: T, rows: T, *, rows_first: bool) -> T:
+        """rows [R, in] times a weight [out, in]: [out, R] (`rows_first`: the rows are ggml's first operand)
+        or [R, out]. ggml's CPU backend picks its kernel by the rows' count (its tiled kernel takes multiples
+        of 4 only), so rows are padded to ROW_MULTIPLE with zeros: a row's value comes from the same kernel
+        whatever the call holds (chunked audio bit for bit, a stream's codes alone = beside others)."""
+        count = rows.contents.ne[1]
+        pad = -count % ROW_MULTIPLE
+        x = self.pad(rows, 0, pad, 0, 0) if pad else rows
+        y = self.mul_mat(x, weight) if rows_first else self.mul_mat(weight, x)
+        if not pad:
+            return y
+        ne, nb = y.contents.ne, y.contents.nb
+        return self.cont(self.view_2d(y, count, ne[1], nb[1], 0) if rows_first else
+                         self.view_2d(y, ne[0], count, nb[1], 0))
 
     def input(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> T:
         dtype = np.dtype(dtype)

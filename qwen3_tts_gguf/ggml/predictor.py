@@ -12,7 +12,7 @@ What a call computes is `convert/predictor_graph.py`'s frame with `model/sampler
   top-k (exactly k: a tie at the k-th logit keeps the lower id only by chance of the sort), then the
   top-p nucleus, and draw by inverse CDF with one uniform number a step from the row's own generator,
   the candidates ordered by descending logit;
-- every matrix product's rows are padded to a multiple of 4 (`codec.ROW_MULTIPLE`): on the CPU backend a
+- every matrix product's rows are padded to a multiple of 4 (`graph.Ops.product`): on the CPU backend a
   row's codes do not depend on the rows beside it, so a seed gives the same codes alone or beside others;
 - on a GPU a call holds at most 8 rows (`GPU_MAX_ROWS`: ggml-vulkan's f32 matrix-vector kernels).
 """
@@ -34,7 +34,6 @@ from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 
 ROPE_THETA = 1e6  # the code predictor's (convert/llama_stages.CODE_PREDICTOR_ROPE_THETA: a file holds no other)
 MAX_GRAPHS = 16
-ROW_MULTIPLE = 4
 GPU_MAX_ROWS = 8
 """Rows of one call on a GPU backend at most: up to 8 rows ggml-vulkan multiplies with its matrix-vector
 kernels, in f32; from 9 its matrix kernels round their inputs to f16 on devices with fp16, which the published
@@ -203,18 +202,9 @@ class _PredictorGraph:
         o.output("codes", o.cont(o.transpose(o.reshape_2d(all_codes, batch, NUM_STEPS))), (batch, NUM_STEPS))
         o.output("frame_embedding", frame, (batch, shape.hidden))
 
-    def shape_of(self, t) -> tuple[int, ...]:
-        return tuple(reversed(list(t.contents.ne)))
-
     def product(self, rows, weight):
-        """rows [B, in] x weight [out, in] -> [B, out], rows padded to a multiple of 4 (see the module doc)."""
-        o = self.ops
-        count = rows.contents.ne[1]
-        pad = -count % ROW_MULTIPLE
-        if not pad:
-            return o.mul_mat(weight, rows)
-        y = o.mul_mat(weight, o.pad(rows, 0, pad, 0, 0))
-        return o.cont(o.view_2d(y, y.contents.ne[0], count, y.contents.nb[1], 0))
+        """rows [B, in] x weight [out, in] -> [B, out] (`Ops.product`)."""
+        return self.ops.product(weight, rows, rows_first=False)
 
     def project(self, rows):
         if "proj_in.weight" not in self.w.tensors:  # the 0.6B: talker and code predictor are as wide
