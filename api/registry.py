@@ -100,7 +100,7 @@ class ModelRegistry:
                 served.append(ServedModel(id=_unique_id(model, served), model=model, engine=Engine(model),
                                           created=int((model.folder / MANIFEST).stat().st_mtime)))
                 predictor = (f"{model.manifest.code_predictor.get('precision', 'fp32')} {model.predictor_file}"
-                             if model.runtimes.predictor != "llama" else "on llama.cpp's graphs")
+                             if model.runtimes.predictor == "onnxruntime" else "on the project's ggml graphs")
                 log.info("loaded %s (%s %s, %s; code predictor %s; codec on %s) from %s", served[-1].id,
                          model.manifest.model_type, model.manifest.model_size, model.manifest.quant, predictor,
                          model.runtimes.codec, model.folder)

@@ -8,8 +8,8 @@ stress-ng loads, ours and official side by side), merged into the latest saved f
 `--preset fast` model with the codec on ONNX Runtime and on OpenVINO).
 `python -m bench --only codec`: only the codec-precision block (fp16, int8, the Snake with `Sin`: speed and SNR).
 `python -m bench --only latency`: only the time to first audio of the configurations a user can choose.
-`python -m bench --only stages [--shapes 0.6b,1.7b]`: only the code predictor and the codec on ONNX Runtime, the
-project's ggml graphs and llama.cpp's graphs (ms per frame for one stream and eight, the codec at fixed chunks with
+`python -m bench --only stages [--shapes 0.6b,1.7b]`: only the code predictor and the codec on ONNX Runtime and the
+project's ggml graphs (ms per frame for one stream and eight, the codec at fixed chunks with
 its GFLOP a frame, memory, agreement).
 `python -m bench --only peers [--shapes 0.6b,1.7b]`: only the peer engines on PyPI (qwentts.cpp, vox-tts; each in a
 venv of its own under bench/cache/) beside ours on the same checkpoint: RTF, first audio, peak RSS.
@@ -443,8 +443,8 @@ def _codec(progress, threads: int, quiet_s: float) -> dict:
 
 def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -> dict:
     """The stage-runtimes block (bench/stage_runtimes.py) per shape, each in a worker: the code predictor on ONNX
-    Runtime (fp32, int8), the project's ggml graphs and llama.cpp (f32, f16), the codec on ONNX Runtime, the ggml
-    graphs and llama.cpp (f32)."""
+    Runtime (fp32, int8) and the project's ggml graphs (f32, f16), the codec on ONNX Runtime and the ggml graphs
+    (f32)."""
     from qwen3_tts_gguf.convert.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.llama_stages import write_llama_stages
     from qwen3_tts_gguf.convert.presets import PRESETS
@@ -465,18 +465,12 @@ def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -
         variants = [
             dict(name="cp onnx fp32", stage="predictor", runtime="onnxruntime", folder=str(fp32), precision="fp32"),
             dict(name="cp onnx int8", stage="predictor", runtime="onnxruntime", folder=str(int8), precision="int8"),
-            dict(name="cp llama f32", stage="predictor", runtime="llama", folder=str(fp32), stages_file=str(exact),
-                 precision="f32"),
-            dict(name="cp llama f16", stage="predictor", runtime="llama", folder=str(int8), stages_file=str(default),
-                 precision="f16"),
             dict(name="cp ggml f32", stage="predictor", runtime="ggml", folder=str(fp32), stages_file=str(exact),
                  precision="f32"),
             dict(name="cp ggml f16", stage="predictor", runtime="ggml", folder=str(int8), stages_file=str(default),
                  precision="f16"),
             dict(name="codec onnx fp32", stage="codec", runtime="onnxruntime", folder=str(int8), precision="fp32"),
             dict(name="codec ggml f32", stage="codec", runtime="ggml", folder=str(int8), precision="f32"),
-            dict(name="codec llama f32", stage="codec", runtime="llama", folder=str(int8), stages_file=str(default),
-                 precision="f32"),
         ]
         out["shapes"][shape] = one_shot(progress, "stages", {"variants": variants, "threads": threads,
                                                              "rounds": STAGE_ROUNDS, "quiet_s": quiet_s}, 3600)

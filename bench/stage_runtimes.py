@@ -1,11 +1,10 @@
-"""The code predictor and the codec on each runtime a CPU can use: ONNX Runtime's graphs, the project's ggml
-graphs (on ggml's CPU backend) and llama.cpp's own Qwen3-TTS graphs (`--cp-runtime`, `--codec-runtime`;
-docs/gpu.md), side by side in one process, rounds alternating their order.
+"""The code predictor and the codec on each runtime a CPU can use: ONNX Runtime's graphs and the project's ggml
+graphs (on ggml's CPU backend; `--cp-runtime`, `--codec-runtime`; docs/gpu.md), side by side in one process,
+rounds alternating their order.
 
-Per stage and runtime: ms per frame for one stream and for eight (the ONNX and ggml code predictors decode
-the eight in one batched call; llama.cpp's `code_gen` takes one stream a call, so eight are eight calls; the
-codec follows the engine's chunk ramp, 1-2-4-8-8..., one state per stream), the codec's ms per frame at
-fixed chunks of 1, 2, 4 and 8 frames with its work a frame (FLOPs), the resident memory its file added when
+Per stage and runtime: ms per frame for one stream and for eight (the code predictors decode the eight in one
+batched call; the codec follows the engine's chunk ramp, 1-2-4-8-8..., one state per stream), the codec's ms per
+frame at fixed chunks of 1, 2, 4 and 8 frames with its work a frame (FLOPs), the resident memory its file added when
 it was loaded, and its agreement with the fp32 ONNX graph: greedy codes equal (code predictor, on the same
 talker states) and the SNR of the audio (codec). Random weights: speed does not depend on them.
 """
@@ -25,8 +24,6 @@ from bench.common import Meter, median, rss_mb, wait_for_quiet
 STREAMS = (1, 8)
 CHUNKS = (1, 2, 4, 8)
 """The codec's fixed chunks (frames a call)."""
-LLAMA_WINDOW_FLOPS = 300e9
-"""libmtmd's `code2wav` decodes a 72-frame window a call at the published shape (docs/benchmarks.md)."""
 
 
 def _chunks(frames: int) -> list[int]:
@@ -41,7 +38,7 @@ def _chunks(frames: int) -> list[int]:
     return sizes
 
 
-def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threads: int, hidden_size: int):
+def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threads: int):
     """(stage object, what to close or None)."""
     from qwen3_tts_gguf.model.manifest import CODEC_FILE, load_manifest
 
@@ -59,19 +56,14 @@ def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threa
 
             stage = GgmlCodec(folder / CODEC_FILE, backend)
         return stage, _Closing(stage, backend)
-    if runtime == "onnxruntime":
-        if kind == "predictor":
-            from qwen3_tts_gguf.model.loaded import predictor_file
-            from qwen3_tts_gguf.model.predictor import CodePredictor
+    if kind == "predictor":
+        from qwen3_tts_gguf.model.loaded import predictor_file
+        from qwen3_tts_gguf.model.predictor import CodePredictor
 
-            return CodePredictor(folder / predictor_file(load_manifest(folder)), threads=threads), None
-        from qwen3_tts_gguf.model.codec import CodecDecoder
+        return CodePredictor(folder / predictor_file(load_manifest(folder)), threads=threads), None
+    from qwen3_tts_gguf.model.codec import CodecDecoder
 
-        return CodecDecoder(folder / CODEC_FILE, threads=threads), None
-    from qwen3_tts_gguf.model.llama_stages import LlamaCodec, LlamaCodePredictor, LlamaStages
-
-    stages = LlamaStages(stages_file, threads=threads)
-    return (LlamaCodePredictor(stages, hidden_size) if kind == "predictor" else LlamaCodec(stages)), stages
+    return CodecDecoder(folder / CODEC_FILE, threads=threads), None
 
 
 class _Closing:
@@ -111,12 +103,12 @@ def _time_predictor(predictor, hidden: np.ndarray, code0: np.ndarray, streams: i
     return 1000 * (time.perf_counter() - t0) / (steps * streams)
 
 
-def _loaded_mb(variant: dict, threads: int, hidden_size: int) -> float:
+def _loaded_mb(variant: dict, threads: int) -> float:
     """Resident memory the variant's file adds when it is loaded, in a fresh process (a heap that other
     variants freed into would hide it)."""
     before = rss_mb()
     obj, closer = _load(variant["stage"], variant["runtime"], Path(variant["folder"]),
-                        variant.get("stages_file") and Path(variant["stages_file"]), threads, hidden_size)
+                        variant.get("stages_file") and Path(variant["stages_file"]), threads)
     grown = rss_mb() - before
     if closer is not None:
         closer.close()
@@ -137,14 +129,9 @@ def _time_codec(codec, codes: np.ndarray, streams: int) -> tuple[float, np.ndarr
     return 1000 * (time.perf_counter() - t0) / (len(codes) * streams), np.concatenate(parts)
 
 
-SEQUENTIAL_CODEC = "llama"
-"""The runtime whose codec serves one stream a call, each call a whole 72-frame window: eight streams are eight
-times one stream's calls, one after another (llama_stages.py), so that case is not timed (minutes a round)."""
-
-
 def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 2, quiet_s: float = 0.0,
             progress=None) -> dict:
-    """`variants`: {"name", "stage" (predictor | codec), "runtime" (onnxruntime | ggml | llama), "folder",
+    """`variants`: {"name", "stage" (predictor | codec), "runtime" (onnxruntime | ggml), "folder",
     "stages_file", "precision"}; the first of each stage is its reference (fp32 ONNX). Returns every variant's
     figures."""
     from qwen3_tts_gguf.model.manifest import load_manifest
@@ -168,9 +155,9 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
                 progress(f"stage runtimes: loading {name}")
             try:
                 with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                    entry["loaded_mb"] = pool.submit(_loaded_mb, v, threads, hidden_size).result()
+                    entry["loaded_mb"] = pool.submit(_loaded_mb, v, threads).result()
                 obj, closer = _load(stage, v["runtime"], Path(v["folder"]),
-                                    v.get("stages_file") and Path(v["stages_file"]), threads, hidden_size)
+                                    v.get("stages_file") and Path(v["stages_file"]), threads)
             except Exception as e:  # a runtime that cannot load here is reported, not fatal
                 entry["error"] = f"{type(e).__name__}: {e}"[:300]
                 continue
@@ -184,13 +171,11 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
                 entry.update({f"chunk_ms_{c}": [] for c in CHUNKS})
                 if v["runtime"] == "ggml":
                     entry["gflop_per_frame"] = {c: obj.flops_per_frame(c) / 1e9 for c in CHUNKS}
-                elif v["runtime"] == "onnxruntime":
+                else:
                     from bench.physics import codec_cost
 
                     flops = codec_cost(Path(v["folder"]) / "codec_decoder.onnx", threads)["flops_per_frame"] / 1e9
                     entry["gflop_per_frame"] = {c: flops for c in CHUNKS}
-                else:
-                    entry["gflop_per_frame"] = {c: LLAMA_WINDOW_FLOPS / 1e9 / c for c in CHUNKS}
             if stage not in reference:
                 reference[stage], entry["reference"] = got, True
             elif stage == "predictor":
@@ -201,8 +186,6 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
             for name, obj in list(loaded.items())[::1 if r % 2 == 0 else -1]:
                 entry = out["variants"][name]
                 for n in STREAMS:
-                    if n > 1 and entry["stage"] == "codec" and entry["runtime"] == SEQUENTIAL_CODEC:
-                        continue
                     if progress:
                         progress(f"stage runtimes: round {r + 1}/{rounds}, {name}, {n} stream(s)")
                     wait_for_quiet(quiet_s)
@@ -213,7 +196,7 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
                             ms, _ = _time_codec(obj, codes, n)
                     entry[f"ms_per_frame_{n}"].append(ms)
                     entry["background"].append(m.background)
-                if entry["stage"] == "codec" and entry["runtime"] != SEQUENTIAL_CODEC:  # a window a call: not timed
+                if entry["stage"] == "codec":
                     for c in CHUNKS:
                         wait_for_quiet(quiet_s)
                         entry[f"chunk_ms_{c}"].append(_chunked_ms(obj, codes, c))

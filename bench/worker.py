@@ -4,7 +4,7 @@ official pipeline, llama.cpp + ONNX Runtime for ours) never mix.
 One-shot tasks: `python -m bench.worker TASK PARAMS_JSON OUT_JSON` with TASK machine (bandwidth,
 GFLOP/s), costs (bytes/FLOPs of a model folder), agreement (quantized paths against precise ones),
 memory (resident memory per part, `bench/memory.py`), codec (the codec graph's precisions,
-`bench/codec_precision.py`), stages (each stage on ONNX Runtime and on llama.cpp, `bench/stage_runtimes.py`)
+`bench/codec_precision.py`), stages (each stage on ONNX Runtime and on the ggml graphs, `bench/stage_runtimes.py`)
 or http (the HTTP server).
 
 Sessions: `python -m bench.worker session ours|official|peer PARAMS_JSON` loads a model once (in a session

@@ -45,16 +45,12 @@ def stage_words(cp_runtime: str, codec_runtime: str, *, gpu_layers: int, onnx_de
     on = "on the talker's device" if gpu_layers else "on the CPU"
     auto = bool(gpu_layers) and onnx_device == "cpu" and not deterministic
     out = {}
-    if cp_runtime == "llama":
-        out["code predictor"] = f"code predictor on llama.cpp's graphs {on}"
-    elif cp_runtime == "ggml":
+    if cp_runtime == "ggml":
         out["code predictor"] = f"code predictor on the project's ggml graphs {on}"
     elif cp_runtime == "auto" and auto:
         out["code predictor"] = (f"code predictor on the project's ggml graphs {on} where the model folder has "
                                  "its llama stages file (auto)")
-    if codec_runtime == "llama":
-        out["codec"] = f"codec on llama.cpp's graphs {on}"
-    elif codec_runtime == "ggml" or (codec_runtime == "auto" and auto):
+    if codec_runtime == "ggml" or (codec_runtime == "auto" and auto):
         out["codec"] = f"codec on the project's ggml graphs {on}" + (" (auto)" if codec_runtime == "auto" else "")
     return out
 
@@ -136,7 +132,7 @@ def report(gpu_layers: int = 0, device: str = "cpu", cp_runtime: str = "auto", c
               "env": {k: os.environ[k] for k in ("GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
                                                   "LLAMA_CPP_LIB_PATH") if k in os.environ}},
         problems=problems,
-        codec_runtimes={"onnxruntime": ort.__version__, "openvino": openvino_version(), "llama": L["version"]})
+        codec_runtimes={"onnxruntime": ort.__version__, "openvino": openvino_version(), "ggml": L["version"]})
 
 
 def _size(n: int) -> str:

@@ -88,18 +88,18 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
                         "calls side by side, in a lane each: more throughput with many streams, later first audio "
                         "(docs/benchmarks.md, Codec overlap)")
     p.add_argument("--cp-runtime", choices=CP_RUNTIMES, default="auto",
-                   help="what runs the code predictor: onnxruntime, or llama (llama.cpp's own graphs, on the "
-                        "talker's device: every GPU llama.cpp runs on, Vulkan included; docs/gpu.md); auto: llama "
-                        "when the talker is offloaded to a GPU that --device cannot reach and the model folder has "
-                        "its llama stages file, else onnxruntime (default %(default)s)")
+                   help="what runs the code predictor: onnxruntime, or ggml (the project's batched code predictor "
+                        "on ggml, on the talker's device: every GPU llama.cpp runs on, Vulkan included; docs/gpu.md; "
+                        "it reads the model folder's llama stages file); auto: ggml when the talker is offloaded to "
+                        "a GPU that --device cannot reach and the model folder has its llama stages file, else "
+                        "onnxruntime (default %(default)s)")
     p.add_argument("--codec-runtime", choices=CODEC_RUNTIMES, default="auto",
                    help="what runs the codec: onnxruntime; openvino (pip install openvino; CPU only, not with "
                         "--deterministic) decodes about a fifth faster than ONNX Runtime but holds more memory "
                         "(0.6B, eight streams: about 130 MiB more at the peak, with a writable model folder for its "
                         "cache; docs/benchmarks.md, Codec overlap); ggml (the project's streaming codec on ggml, on "
-                        "the talker's device: every GPU llama.cpp runs on; not with --deterministic); llama "
-                        "(llama.cpp's graphs: 72-frame windows, seconds a call on a CPU; not with --deterministic); "
-                        "auto: ggml when the talker is offloaded to a GPU that --device cannot reach, else "
+                        "the talker's device: every GPU llama.cpp runs on; not with --deterministic); auto: ggml "
+                        "when the talker is offloaded to a GPU that --device cannot reach, else "
                         "onnxruntime (default %(default)s)")
     p.add_argument("--heap-map-threshold", type=number(int, 0, MAX_MAP_THRESHOLD), default=MAP_THRESHOLD,
                    metavar="BYTES",

@@ -2,7 +2,7 @@
 # The GPU check: talker, code predictor and codec on a GPU machine lent for a few minutes (the `device` tool:
 # no network there, its own Python 3.12 with numpy, onnxruntime, tokenizers, CMake, ninja and nvcc; at most
 # 64 MiB travels; 10 minutes a call, about 15 minutes of device time in all), the code predictor and the codec
-# on both runtimes (ONNX Runtime, llama.cpp's own graphs), on CUDA and, where that machine can build it, Vulkan.
+# on both runtimes (the project's ggml graphs, ONNX Runtime), on CUDA and, where that machine can build it, Vulkan.
 #
 #   scripts/gpu-check.sh prepare   here: writes .gpu-check/ (about 17 MB; no model travels, every model is made
 #                                  there with numpy's random weights, and its references on that machine's CPU):
@@ -137,7 +137,7 @@ check_backend() {  # LABEL LIBDIR: parity, then speed, with this llama.cpp
   local env=(LLAMA_CPP_LIB_PATH="$lib" MTMD_CPP_LIB="$lib" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
              PYTHONPATH="$pythonpath" PYTHONUNBUFFERED=1)
   echo "== doctor ($label)"
-  env "${env[@]}" "$py" -m qwen3_tts_gguf doctor --cp-runtime llama --codec-runtime llama \
+  env "${env[@]}" "$py" -m qwen3_tts_gguf doctor --cp-runtime ggml --codec-runtime ggml \
     $([ "${GPU_CHECK_CPU:-0}" = 1 ] || echo --gpu-layers all) || true
   env "${env[@]}" "$py" scripts/gpu_check.py parity "$WORK" --label "$label" "${cpu_flag[@]}" \
     --budget-s $((deadline - SECONDS)) || rc=1

@@ -9,9 +9,9 @@ converter): none travels, the references are computed there on its CPU.
 parity, on the narrow-codec model (tests/narrow_codec.py: the talker f32, the codec with the hyperparameters
 libmtmd hard-codes, narrow), the CPU run in the parity profile (ONNX graphs) as reference:
 - the talker with every layer offloaded, teacher-forced: logits and hidden state (the lavapipe bars);
-- greedy codes of 30 frames with the code predictor and the codec on the project's ggml graphs, on ONNX Runtime
-  (CUDA when this onnxruntime has its provider, else the CPU: said) and on llama.cpp's graphs on the talker's
-  device (in that order: a call's budget runs out on the last first): equal,
+- greedy codes of 30 frames with the code predictor and the codec on the project's ggml graphs on the talker's
+  device and on ONNX Runtime (CUDA when this onnxruntime has its provider, else the CPU: said), in that order
+  (a call's budget runs out on the last first): equal,
   or equal up to a near tie of the float64 logits (tests/greedy_agreement.py); the audio against the fp32
   ONNX codec's decode of the same codes, as an SNR.
 speed, on a random model of `--shape` (converted at the default preset's formats but an fp32 code
@@ -43,8 +43,8 @@ SPEED_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far 
 LOGIT_TOL, HIDDEN_TOL = 3e-2, 5e-3
 """The lavapipe bars (tests/test_vulkan.py); f32 on a real GPU should be far inside them."""
 CODEC_SNR_DB = 28.0
-"""The ggml and llama.cpp codecs against the fp32 ONNX codec: 85-95 and 39 dB on the CPU backend, 37 and 31 dB on
-lavapipe (ggml-vulkan's f16 inputs to its matrix kernels)."""
+"""The ggml codec against the fp32 ONNX codec: 85-95 dB on the CPU backend, 37 dB on lavapipe (ggml-vulkan's f16
+inputs to its matrix kernels)."""
 SEED_DEVICE_GB = 1.8
 """The seed project's device memory for 1.7B (one stream), the figure to compare with."""
 ALL = -1
@@ -126,9 +126,7 @@ def runtimes(cpu: bool) -> list[tuple[str, dict]]:
     return [("code predictor and codec on the project's ggml graphs on the talker's device",
              {"cp_runtime": "ggml", "codec_runtime": "ggml"}),
             (f"code predictor and codec on {onnx}",
-             {"cp_runtime": "onnxruntime", "codec_runtime": "onnxruntime", "device": device}),
-            ("code predictor and codec on llama.cpp's graphs on the talker's device",
-             {"cp_runtime": "llama", "codec_runtime": "llama"})]
+             {"cp_runtime": "onnxruntime", "codec_runtime": "onnxruntime", "device": device})]
 
 
 def start_engine(folder: Path, **settings):

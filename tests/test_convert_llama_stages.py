@@ -1,8 +1,8 @@
 """The llama stages file (convert/llama_stages.py): written beside the talker where libmtmd can load it,
 listed in the manifest, said why not elsewhere, added to older folders (`--only-llama-stages`) atomically.
 
-Its layout is checked here with `gguf` against the spec libmtmd loads; loading and running it through
-libmtmd is model/llama_stages.py's test. The real-codec fixtures (tiny talker, published codec decoder)
+Its layout is checked here with `gguf` against the spec libmtmd loads; the ggml code predictor that reads
+it is tests/test_ggml_predictor.py's. The real-codec fixtures (tiny talker, published codec decoder)
 take about 20 s each to build and convert the first time.
 """
 

@@ -295,14 +295,14 @@ def test_a_device_lock_serialises_and_counts_the_wait():
 
 
 def test_the_plan_names_each_stage_on_ggml():
-    """`--cp-runtime`/`--codec-runtime llama` or `ggml`, or `auto` with the talker offloaded beyond ONNX
+    """`--cp-runtime`/`--codec-runtime ggml`, or `auto` with the talker offloaded beyond ONNX
     Runtime's device: the start-up line says which stage runs on which ggml graphs, on which device."""
     from qwen3_tts_gguf.doctor import describe_plan, stage_words
 
     cpu = "CPUExecutionProvider"
-    stages = stage_words("llama", "onnxruntime", gpu_layers=0, onnx_device="cpu", deterministic=False)
-    assert describe_plan(0, cpu, stages=stages) == ("talker on the CPU; code predictor on llama.cpp's graphs on the "
-                                                    "CPU; codec on CPUExecutionProvider")
+    stages = stage_words("ggml", "onnxruntime", gpu_layers=0, onnx_device="cpu", deterministic=False)
+    assert describe_plan(0, cpu, stages=stages) == ("talker on the CPU; code predictor on the project's ggml graphs "
+                                                    "on the CPU; codec on CPUExecutionProvider")
     rt = LlamaRuntime("0", "", True, ("Vulkan", "CPU"), (BackendDevice("Vulkan", "Vulkan0", "GPU", "gpu", 1, 1),), "")
     stages = stage_words("auto", "auto", gpu_layers=GPU_LAYERS_ALL, onnx_device="cpu", deterministic=False)
     line = describe_plan(GPU_LAYERS_ALL, cpu, rt, stages=stages)

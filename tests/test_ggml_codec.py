@@ -27,7 +27,7 @@ from qwen3_tts_gguf.model.runtimes import resolve
 
 from tests.conftest import converted_preset
 from tests.greedy_agreement import snr_db
-from tests.test_llama_stages import greedy_request, open_engine, speak
+from tests.test_ggml_predictor import greedy_request, open_engine, speak
 
 CODEC_SNR_DB = 80.0
 """The ggml codec against the fp32 ONNX codec: measured 95.4 dB (tiny shape) and 84.7 dB (the published

@@ -1,5 +1,4 @@
-"""The *Stage runtimes* section: the code predictor and the codec on ONNX Runtime, the project's ggml graphs and
-llama.cpp's graphs."""
+"""The *Stage runtimes* section: the code predictor and the codec on ONNX Runtime and the project's ggml graphs."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ def render_stages(block: dict, standalone: bool = False) -> str:
       "random frames per stream (random talker states into the code predictor; random codes into the codec, "
       f"decoded in the engine's chunks {' + '.join(map(str, first.get('chunks', [])))}), "
       f"{first.get('rounds')} rounds with the variants alternating, one process per shape "
-      "(`bench/stage_runtimes.py`). Eight streams: the ONNX and ggml code predictors decode them in one batched "
-      "call a step; llama.cpp's `code_gen` takes one stream a call. *Loaded*: resident memory its file added when it "
-      "was loaded (each variant loads its own copy; llama.cpp's file holds both stages, so its figure counts both). "
+      "(`bench/stage_runtimes.py`). Eight streams: the code predictors decode them in one batched call a step. "
+      "*Loaded*: resident memory its file added when it was loaded (each variant loads its own copy). "
       "*Agreement*: against the fp32 ONNX graph: greedy codes equal on the same states (code predictor), SNR of the "
       "audio (codec). Random weights: speed does not depend on them; agreement must be measured again on real "
       "checkpoints.\n")
@@ -47,17 +45,13 @@ def render_stages(block: dict, standalone: bool = False) -> str:
             agreement = ("the reference" if v.get("reference") else
                          f"{100 * v['codes_equal']:.1f} % codes equal" if "codes_equal" in v
                          else "–" if v.get("snr_db") is None else f"SNR {v['snr_db']:.1f} dB")
-            eight = _ms(v.get("median_ms_8"))
-            if v.get("median_ms_8") is None and v.get("median_ms_1") is not None:
-                eight = f"{v['median_ms_1']:.1f} (one stream a call: not timed)"
             w(f"| {v['stage']} | {v['runtime']} | {v['precision']} | {_ms(v.get('median_ms_1'))} | "
-              f"{eight} | {v.get('loaded_mb', 0):.0f} | {agreement} | "
+              f"{_ms(v.get('median_ms_8'))} | {v.get('loaded_mb', 0):.0f} | {agreement} | "
               f"{_share(v.get('background', []))} |")
         w("")
         codecs = {name: v for name, v in variants.items() if v["stage"] == "codec" and "error" not in v}
         if codecs:
-            w("The codec at fixed chunks, one stream: ms per frame (GFLOP per frame; libmtmd's a 72-frame window "
-              "a call, not timed at these chunks)\n")
+            w("The codec at fixed chunks, one stream: ms per frame (GFLOP per frame)\n")
             w("| runtime | " + " | ".join(f"chunk {c}" for c in CHUNKS) + " |")
             w("|---|" + "---|" * len(CHUNKS))
             for name, v in codecs.items():
@@ -67,6 +61,5 @@ def render_stages(block: dict, standalone: bool = False) -> str:
                 w(f"| {v['runtime']} | " + " | ".join(cells) + " |")
             w("")
     w("On a CPU each stage keeps ONNX Runtime by default (`--cp-runtime auto`, `--codec-runtime auto`), which measures "
-      "fastest there; the ggml graphs are `auto`'s on a GPU that ONNX Runtime cannot reach (Vulkan; docs/gpu.md); "
-      "llama.cpp's codec decodes a whole 72-frame window on every call.\n")
+      "fastest there; the ggml graphs are `auto`'s on a GPU that ONNX Runtime cannot reach (Vulkan; docs/gpu.md).\n")
     return "\n".join(out) + "\n"

@@ -1,6 +1,7 @@
 """Named sets of weight formats (`convert --preset`, `pull --preset`): the talker's GGUF quant and the
 code predictor's precision, chosen together (`--quant` / `--cp-precision` override either half), and
-the matrices of the llama stages file (`llama_stages.py`), which only the preset chooses."""
+the matrices of the llama stages file (`llama_stages.py`, read by the ggml code predictor), which only the
+preset chooses."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Each graph is compared with a plain-numpy forward computed from the source weights
 (`numpy_reference`); the codec graph must also decode a few frames identically whole and in chunks.
 The llama stages file is read back with `gguf` (its metadata, every tensor's name, shape and type, and
-a few tensors' values against the source weights); loading and running it through libmtmd is the
-runtime's test. A conversion that fails any check is not reported as a success.
+a few tensors' values against the source weights); running its code predictor on the ggml graphs is
+that runtime's test. A conversion that fails any check is not reported as a success.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class GgmlCodec(GgmlStage):
 
     def flops_per_frame(self, frames: int, batch: int = 1) -> float:
         """The work of one call of `batch` streams x `frames` frames, per frame (bench: against the ONNX codec's
-        count and libmtmd's window)."""
+        count)."""
         graph = Graph(_CodecGraph(self.cfg, self.weights, self.state_specs, batch, frames).ops)
         try:
             return graph.flops() / (batch * frames)

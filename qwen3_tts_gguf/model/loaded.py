@@ -80,9 +80,9 @@ class EngineSettings:
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
     # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
     heap_map_threshold: int = MAP_THRESHOLD
-    # what runs the code predictor and the codec (runtimes.py): auto (llama.cpp's graphs when the talker is on
-    # a GPU ONNX Runtime cannot use, else ONNX Runtime), onnxruntime, llama; the codec also openvino (faster on
-    # a CPU, more memory; not deterministic)
+    # what runs the code predictor and the codec (runtimes.py): auto (the project's ggml graphs when the talker
+    # is on a GPU ONNX Runtime cannot use, else ONNX Runtime), onnxruntime, ggml; the codec also openvino
+    # (faster on a CPU, more memory; not deterministic)
     cp_runtime: str = "auto"
     codec_runtime: str = "auto"
 
@@ -154,7 +154,6 @@ class LoadedModel:
     def __init__(self, folder: str | Path, settings: EngineSettings = EngineSettings()):
         from qwen3_tts_gguf.model.codec import CodecDecoder
         from qwen3_tts_gguf.model.embeddings import EmbeddingTables
-        from qwen3_tts_gguf.model.llama_stages import LlamaCodec, LlamaCodePredictor, LlamaStagesError
         from qwen3_tts_gguf.model.predictor import CodePredictor
         from qwen3_tts_gguf.model.talker import Talker, TalkerError
 
@@ -170,7 +169,7 @@ class LoadedModel:
                                                    gpu_layers=settings.gpu_layers,
                                                    onnx_device=resolve_device(settings.device).name,
                                                    deterministic=settings.deterministic)
-        except StageRuntimeError as e:  # llama.cpp's stages asked of a folder without them
+        except StageRuntimeError as e:  # the ggml code predictor asked of a folder without its weights
             raise ModelFolderError(f"{self.folder}: {e}") from e
         map_large_blocks(settings.heap_map_threshold)  # before the graphs allocate (process-wide)
         try:
@@ -210,23 +209,15 @@ class LoadedModel:
         except TalkerError as e:  # a talker file llama.cpp refuses, or a context it cannot make
             raise ModelFolderError(f"{self.folder}: {e}") from e
         self.codec_overlap = settings.overlaps_codec
-        self.llama_stages = None
         try:
-            if "llama" in (self.runtimes.predictor, self.runtimes.codec):
-                self.llama_stages = self._load_llama_stages(threads.predictor)
-            if self.runtimes.predictor == "llama":
-                self.predictor = LlamaCodePredictor(self.llama_stages, int(self.manifest.talker["hidden_size"]))
-            elif self.runtimes.predictor == "ggml":
+            if self.runtimes.predictor == "ggml":
                 self.predictor = self._load_ggml_predictor(threads.predictor)
             else:
                 self.predictor = CodePredictor(self.folder / self.predictor_file, threads=threads.predictor,
                                                device=settings.device)
-            self.codec = (LlamaCodec(self.llama_stages) if self.runtimes.codec == "llama"
-                          else early_codec or load_codec())
+            self.codec = early_codec or load_codec()
         except Exception as e:
             self.close()
-            if isinstance(e, LlamaStagesError):
-                raise ModelFolderError(f"{self.folder}: {e}") from e
             raise graph_error(e) from e
         release_freed_heap()
 
@@ -267,18 +258,8 @@ class LoadedModel:
         return GgmlCodePredictor(self.folder / LLAMA_STAGES_FILE, backend, device_locks=locks,
                                  temperature=float((self.manifest.llama_stages or {}).get("temperature", 1.0)))
 
-    def _load_llama_stages(self, threads: int):
-        from qwen3_tts_gguf.model.llama_stages import LlamaStages
-        from qwen3_tts_gguf.runtime.locks import talker_device_locks
-
-        gpu = bool(self.settings.gpu_layers)
-        return LlamaStages(self.folder / LLAMA_STAGES_FILE, threads=threads, use_gpu=gpu,
-                           device_locks=talker_device_locks(self.settings.gpu_layers))
-
     def close(self) -> None:
         self.talker.close()
-        if getattr(self, "llama_stages", None) is not None:
-            self.llama_stages.close()
         if getattr(self, "ggml_backend", None) is not None:
             for stage in (getattr(self, "codec", None), getattr(self, "predictor", None)):
                 if getattr(stage, "runtime", None) == "ggml":

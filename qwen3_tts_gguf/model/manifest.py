@@ -24,8 +24,9 @@ CODEC_FILE = "codec_decoder.onnx"
 TEXT_TABLES_FILE = "text_tables.safetensors"
 SPEAKER_ENCODER_FILE = "speaker_encoder.onnx"  # Base models only
 CODEC_ENCODER_FILE = "codec_encoder.onnx"  # Base models only
-# llama.cpp's own code predictor, codec decoder and speaker encoder graphs (model/llama_stages.py), where the
-# checkpoint's codec has the shape llama.cpp hard-codes (every published one; convert/llama_stages.py)
+# the code predictor (read by the ggml code predictor, ggml/predictor.py), codec decoder and speaker encoder in
+# the layout llama.cpp's libmtmd loads, where the checkpoint's codec has the shape llama.cpp hard-codes (every
+# published one; convert/llama_stages.py)
 LLAMA_STAGES_FILE = "llama_stages.gguf"
 ADD_LLAMA_STAGES = "python -m qwen3_tts_gguf convert CHECKPOINT -o MODEL_FOLDER --only-llama-stages"
 

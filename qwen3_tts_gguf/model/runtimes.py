@@ -1,15 +1,16 @@
 """Which runtime runs the code predictor and the codec (`--cp-runtime`, `--codec-runtime`): ONNX Runtime
-(the default on a CPU and on the devices it has a provider for), OpenVINO (the codec, opt-in), the
-project's own ggml graphs (`ggml/`: the streaming codec, on every ggml backend), or llama.cpp's own
-Qwen3-TTS graphs (`llama_stages.py`: every ggml backend, Vulkan included).
+(the default on a CPU and on the devices it has a provider for), OpenVINO (the codec, opt-in), or the
+project's own ggml graphs (`ggml/`: the streaming codec and the batched code predictor, on every ggml
+backend, Vulkan and CUDA included).
 
 When the talker is offloaded (`--gpu-layers`) to a device ONNX Runtime has no provider for (`--device`
 left on the CPU: Vulkan's GPUs, a CUDA machine without onnxruntime-gpu), `auto` puts both stages on the
 project's ggml graphs on the talker's device (the code predictor where the model folder has its llama
 stages file, whose weights it reads); ONNX Runtime otherwise (the parity profile always keeps it).
-llama.cpp's graphs (libmtmd's windowed `code2wav` and one-stream `code_gen`) are only ever asked for. On a CPU ONNX
-Runtime measures fastest for both stages (docs/benchmarks.md, *Stage runtimes*). The runtime is a
-choice of implementation behind the stage's interface, never a branch in the engine.
+On a CPU ONNX Runtime measures fastest for both stages (docs/benchmarks.md, *Stage runtimes*). The runtime
+is a choice of implementation behind the stage's interface, never a branch in the engine. (llama.cpp's own
+graphs, libmtmd's windowed `code2wav` and one-stream `code_gen`, were a runtime until 2026-12-06: they lost
+every measurement, docs/gpu.md.)
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from dataclasses import dataclass
 
 from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, Manifest
 
-CP_RUNTIMES = ("auto", "onnxruntime", "ggml", "llama")
+CP_RUNTIMES = ("auto", "onnxruntime", "ggml")
 """What `--cp-runtime` accepts."""
-CODEC_RUNTIMES = ("auto", "onnxruntime", "openvino", "ggml", "llama")
+CODEC_RUNTIMES = ("auto", "onnxruntime", "openvino", "ggml")
 """What `--codec-runtime` accepts."""
 
 
@@ -47,16 +48,15 @@ def check_stage_runtimes(cp_runtime: str, codec_runtime: str, *, deterministic: 
         raise StageRuntimeError(f"--cp-runtime {cp_runtime!r}: expected one of {', '.join(CP_RUNTIMES)}")
     if codec_runtime not in CODEC_RUNTIMES:
         raise CodecRuntimeError(f"--codec-runtime {codec_runtime!r}: expected one of {', '.join(CODEC_RUNTIMES)}")
-    if deterministic and codec_runtime in ("llama", "ggml"):
-        agreement = "about 40 dB" if codec_runtime == "llama" else "about 85 dB"
-        raise CodecRuntimeError(f"--codec-runtime {codec_runtime} agrees with the parity codec to {agreement}, it "
+    if deterministic and codec_runtime == "ggml":
+        raise CodecRuntimeError("--codec-runtime ggml agrees with the parity codec to about 85 dB, it "
                                 "is not bit-exact; --deterministic (the parity profile) keeps ONNX Runtime's codec")
 
 
 def resolve(cp_runtime: str, codec_runtime: str, manifest: Manifest, *, gpu_layers: int, onnx_device: str,
             deterministic: bool = False) -> StageRuntimes:
-    """Each stage's runtime for this folder: `auto` resolved (see the module docstring); llama.cpp asked
-    of a folder without its llama stages file is a StageRuntimeError saying how to add it."""
+    """Each stage's runtime for this folder: `auto` resolved (see the module docstring); the ggml code
+    predictor asked of a folder without its llama stages file is a StageRuntimeError saying how to add it."""
     check_stage_runtimes(cp_runtime, codec_runtime, deterministic=deterministic)
     has_stages = manifest.llama_stages_missing is None
     on_gpu = bool(gpu_layers) and onnx_device == "cpu" and not deterministic
@@ -65,9 +65,6 @@ def resolve(cp_runtime: str, codec_runtime: str, manifest: Manifest, *, gpu_laye
         why += " (the code predictor on ONNX Runtime: this folder has no llama stages file)"
     cp = ("ggml" if on_gpu and has_stages else "onnxruntime") if cp_runtime == "auto" else cp_runtime
     codec = ("ggml" if on_gpu else "onnxruntime") if codec_runtime == "auto" else codec_runtime
-    if "llama" in (cp, codec) and not has_stages:
-        raise StageRuntimeError(f"--{'cp' if cp == 'llama' else 'codec'}-runtime llama: {manifest.name} has no "
-                                f"{LLAMA_STAGES_FILE}: {manifest.llama_stages_missing}")
     if cp == "ggml" and not has_stages:
         raise StageRuntimeError(f"--cp-runtime ggml reads the code predictor of {LLAMA_STAGES_FILE}, which "
                                 f"{manifest.name} has not: {manifest.llama_stages_missing}")
