@@ -11,8 +11,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from qwen3_tts_gguf import __version__
-from qwen3_tts_gguf.runtime.cpus import usable_cpus
-from qwen3_tts_gguf.voices.store import VoiceStore
+from qwen3_tts_gguf.host.cpus import usable_cpus
+from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from api.config import ServerConfig
 from api.errors import install_error_handlers
@@ -23,29 +23,27 @@ from api.ops.hosts import BrowserGuard
 from api.ops.lifecycle import TrackRequests
 from api.ops.logs import AccessLog
 from api.ops.middleware import PUBLIC_LISTINGS, APIKeyMiddleware, BodyLimits, RequestObserver
-from api.protocols import elevenlabs
-from api.protocols import native as websocket
+from api.protocols import elevenlabs_sockets, native
 from api.protocols import realtime as realtime_module
 from api.protocols.wyoming import WyomingServer
 from api.registry import ModelRegistry
 from api.routes import capabilities as capabilities_module
-from api.routes import captions, catalog, health, sdk, speech
-from api.routes import elevenlabs as elevenlabs_routes
+from api.routes import captions, catalog, elevenlabs, probes, sdk_files, speech
 from api.routes import voice_profiles as voice_profiles_module
 from api.sdk.downloads import SdkDownloads
 from api.speaking.warm_up import warm_up
 from api.state import AppState
 from api.voice_jobs import VoiceJobs
-from api.voices import NoVoiceProfiles, StoredVoiceProfiles, VoiceProfiles
+from api.voice_resolution import NoVoiceProfiles, StoredVoiceProfiles, VoiceProfiles
 
 # Feature routers, in order.
-ROUTERS: tuple[APIRouter, ...] = (speech.router, captions.router, websocket.router, catalog.router,
+ROUTERS: tuple[APIRouter, ...] = (speech.router, captions.router, native.router, catalog.router,
                                   voice_profiles_module.router,
-                                  realtime_module.router, elevenlabs.router, elevenlabs_routes.router,
-                                  catalog.elevenlabs_router, health.router, metrics.router,
-                                  capabilities_module.router, sdk.router)
-ELEVENLABS_ROUTERS = (elevenlabs.router, elevenlabs_routes.router, catalog.elevenlabs_router)
-"""Served again under `elevenlabs.PREFIX` (ElevenLabs' clients' base URL), with ElevenLabs' model list there
+                                  realtime_module.router, elevenlabs_sockets.router, elevenlabs.router,
+                                  catalog.elevenlabs_router, probes.router, metrics.router,
+                                  capabilities_module.router, sdk_files.router)
+ELEVENLABS_ROUTERS = (elevenlabs_sockets.router, elevenlabs.router, catalog.elevenlabs_router)
+"""Served again under `elevenlabs_sockets.PREFIX` (ElevenLabs' clients' base URL), with ElevenLabs' model list there
 (`catalog.elevenlabs_models`); left out of the OpenAPI document, which describes each route once."""
 BROWSER_SDK = "browser-sdk"
 """The browser SDK's folder in the console's (`webui/browser-sdk/`): the console imports it, `/sdk/` packs it."""
@@ -60,7 +58,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
     `app.state.client_limiter` caps each client's speech streams (`clients.py`);
     `app.state.voice_jobs` runs voice cloning and design (`voice_jobs.py`; made by the lifespan);
     `app.state.wyoming` is the Wyoming listener when `config.wyoming_port` asks for one (`wyoming.py`);
-    `app.state.sdk` the SDK downloads (`api/sdk/downloads.py`, served by `routes/sdk.py`).
+    `app.state.sdk` the SDK downloads (`api/sdk/downloads.py`, served by `routes/sdk_files.py`).
     """
     if voice_profiles is None:  # profiles live in config.voices_dir (none when it is not set)
         voice_profiles = (StoredVoiceProfiles(VoiceStore(config.voices_dir))
@@ -101,7 +99,7 @@ def create_app(config: ServerConfig, registry: ModelRegistry, *, voice_profiles:
         app.include_router(router)
     prefixed = [router for router in routers if router in ELEVENLABS_ROUTERS]
     for router in prefixed + ([catalog.elevenlabs_models] if prefixed else []):
-        app.include_router(router, prefix=elevenlabs.PREFIX, include_in_schema=False)
+        app.include_router(router, prefix=elevenlabs_sockets.PREFIX, include_in_schema=False)
     # add_middleware wraps: the last added runs first (a trusted proxy's prefix and scheme, requests in progress
     # for the drain, CORS, request ids/metrics, the access record, Host and Origin, the key, then the body's size
     # and time)

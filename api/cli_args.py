@@ -17,7 +17,7 @@ from qwen3_tts_gguf.flags import PORT, SECONDS, add_device_args, add_runaway_arg
 from qwen3_tts_gguf.model.loaded import MAX_BUFFERED_AUDIO_S, MAX_PENDING, MAX_PREFIX_CACHE, MAX_STREAMS, EngineSettings
 
 from api.limits import ServerLimits, resume_window
-from api.ops.paths import path_prefix
+from api.ops.path_prefix import path_prefix
 
 SERVE_ENV_PREFIX = "QTTS_"
 

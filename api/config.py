@@ -10,8 +10,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
+from qwen3_tts_gguf.data_dirs import PROJECT_ROOT, voices_dir
 from qwen3_tts_gguf.model.loaded import EngineSettings
-from qwen3_tts_gguf.paths import PROJECT_ROOT, voices_dir
 
 from api.limits import ServerLimits
 from api.ops.clients import parse_networks
@@ -107,7 +107,7 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
     --max-buffered-audio-s, --deterministic, --gpu-layers, --device, --kv-cache, --n-ctx, --no-codec-overlap,
     --codec-threads, --heap-map-threshold, --cp-runtime, --codec-runtime, --prefix-cache, --runaway,
     --runaway-retries). The device settings are checked against this installation
-    (`qwen3_tts_gguf.runtime.devices`): ValueError (DeviceError) when GPU layers are asked of a llama.cpp without a
+    (`qwen3_tts_gguf.host.devices`): ValueError (DeviceError) when GPU layers are asked of a llama.cpp without a
     GPU backend or device, or --device names a provider not installed; the resolved plan is logged."""
     gpu_layers, device = getattr(args, "gpu_layers", 0) or 0, getattr(args, "device", None) or "cpu"
     codec_runtime = getattr(args, "codec_runtime", None) or EngineSettings.codec_runtime

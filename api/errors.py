@@ -263,7 +263,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 API_PREFIXES = ("/v1/", "/v2/", "/audio/", "/elevenlabs/", "/dev/")
 """Paths that belong to the API (anything else may be a file of the web console): ElevenLabs' `/v2/voices`
-and its routes again under `/elevenlabs/` (`api/protocols/elevenlabs.py`) too, and Kokoro-FastAPI's
+and its routes again under `/elevenlabs/` (`api/protocols/elevenlabs_sockets.py`) too, and Kokoro-FastAPI's
 `/dev/captioned_speech` (`api/routes/captions.py`)."""
 _BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's 400 for a body json.loads refused
 

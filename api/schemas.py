@@ -368,7 +368,7 @@ class Readiness(BaseModel):
     models: list[EngineReadiness]
 
 
-VOICE_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # = qwen3_tts_gguf.voices.store.NAME_RE (a test checks)
+VOICE_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # = qwen3_tts_gguf.voicebank.store.NAME_RE (a test checks)
 
 
 def voice_upload_openapi(field_chars: dict[str, int]) -> dict:

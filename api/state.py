@@ -10,7 +10,7 @@ from fastapi import Request
 from api.config import ServerConfig
 from api.ops.metrics import Metrics
 from api.registry import ModelRegistry
-from api.voices import NoVoiceProfiles, VoiceProfiles
+from api.voice_resolution import NoVoiceProfiles, VoiceProfiles
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import TypeVar
 from starlette.requests import HTTPConnection, Request
 from starlette.types import Receive
 
-from qwen3_tts_gguf.voices.design import Cancellation
+from qwen3_tts_gguf.voicebank.design import Cancellation
 
 from api.errors import RATE_LIMIT, APIError, unavailable
 

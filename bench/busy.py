@@ -10,7 +10,7 @@ baseline of every slowdown.
 
 Our engine also runs with llama.cpp's OpenMP threads spinning at every barrier
 (`OMP_WAIT_POLICY=ACTIVE` with no spin count, which spins for ever: what the engine did before it
-capped the spin in `qwen3_tts_gguf.runtime.cpus.import_llama`). That session is started only for its own runs and closed
+capped the spin in `qwen3_tts_gguf.host.cpus.import_llama`). That session is started only for its own runs and closed
 right after: its idle OpenMP threads spin too, so while it is alive it is a background load of its
 own.
 

@@ -140,7 +140,7 @@ def malloc(args) -> dict:
     """glibc's dynamic mmap threshold (a freed large block raises it, so later blocks of that size stay in
     the heap) against fixed ones (`--thresholds`, the engine's `heap_map_threshold`: every larger block
     mapped and unmapped)."""
-    from qwen3_tts_gguf.runtime.heap import MAP_THRESHOLD
+    from qwen3_tts_gguf.host.heap import MAP_THRESHOLD
 
     base = dict(_session_base(args), threads=args.threads)
 
@@ -158,7 +158,7 @@ def omp_spin(args) -> dict:
     """llama.cpp's OpenMP threads at a barrier: spin GOMP_SPINCOUNT turns, then sleep, under the engine's
     wait policy. The engine's default is `cpus.SPIN_COUNT`; 0 sleeps at once; libgomp's own default, with
     no wait policy set, is 300,000 (about 3 ms). GOMP_SPINCOUNT wins over the wait policy in libgomp."""
-    from qwen3_tts_gguf.runtime.cpus import SPIN_COUNT, WAIT_POLICY
+    from qwen3_tts_gguf.host.cpus import SPIN_COUNT, WAIT_POLICY
 
     base = dict(_session_base(args), threads=args.threads)
     variants = {}
@@ -177,7 +177,7 @@ def omp_policy(args) -> dict:
     its own thread, the second idle after one request). Two threads that called llama.cpp make libgomp
     manage more threads than there are CPUs, and it then spins its *throttled* count, which the policy
     sets: PASSIVE 0, none 100, ACTIVE min(1000, GOMP_SPINCOUNT)."""
-    from qwen3_tts_gguf.runtime.cpus import SPIN_COUNT, WAIT_POLICY
+    from qwen3_tts_gguf.host.cpus import SPIN_COUNT, WAIT_POLICY
 
     base = dict(_session_base(args), threads=args.threads)
     variants = {}

@@ -24,9 +24,10 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     import numpy as np  # noqa: F401  (counted in the runtimes' share, as the engine imports them)
     import onnxruntime  # noqa: F401
 
-    from qwen3_tts_gguf.runtime.cpus import import_llama
+    from qwen3_tts_gguf.host.cpus import import_llama
 
     import_llama()
+    from qwen3_tts_gguf.host.heap import map_large_blocks, release_freed_heap
     from qwen3_tts_gguf.model.codec import CodecDecoder
     from qwen3_tts_gguf.model.embeddings import EmbeddingTables
     from qwen3_tts_gguf.model.loaded import EngineSettings, predictor_file, talker_settings
@@ -35,7 +36,6 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     from qwen3_tts_gguf.model.prompt import PromptBuilder, VoiceSpec
     from qwen3_tts_gguf.model.talker import Talker
     from qwen3_tts_gguf.model.tokenizer import TextTokenizer
-    from qwen3_tts_gguf.runtime.heap import map_large_blocks, release_freed_heap
 
     folder = Path(model_dir)
     settings = EngineSettings(threads=threads, max_streams=STREAMS, kv_cache=kv_cache)

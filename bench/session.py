@@ -15,12 +15,12 @@ import threading
 import time
 from pathlib import Path
 
-from qwen3_tts_gguf.runtime.cpus import OPENMP_WAIT_VARS
+from qwen3_tts_gguf.host.cpus import OPENMP_WAIT_VARS
 
 from bench.common import ROOT
 
 # As the bench was started (bench.cli imports this module first), before anything loads llama_cpp:
-# `qwen3_tts_gguf.runtime.cpus.import_llama` sets the engine's OMP_WAIT_POLICY in the process that loads it (here:
+# `qwen3_tts_gguf.host.cpus.import_llama` sets the engine's OMP_WAIT_POLICY in the process that loads it (here:
 # converting a model), and the workers must not inherit that: the official pipeline's PyTorch (libgomp too) runs
 # as its users run it.
 LAUNCH_OPENMP_WAITS = {k: os.environ.get(k) for k in OPENMP_WAIT_VARS}

@@ -47,12 +47,12 @@ def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threa
 
         backend = Backend(threads=threads)
         if kind == "predictor":
-            from qwen3_tts_gguf.ggml.predictor import GgmlCodePredictor
+            from qwen3_tts_gguf.ggml.batched_predictor import GgmlCodePredictor
 
             stage = GgmlCodePredictor(stages_file, backend,
                                       temperature=load_manifest(folder).llama_stages["temperature"])
         else:
-            from qwen3_tts_gguf.ggml.codec import GgmlCodec
+            from qwen3_tts_gguf.ggml.streaming_codec import GgmlCodec
 
             stage = GgmlCodec(folder / CODEC_FILE, backend)
         return stage, _Closing(stage, backend)

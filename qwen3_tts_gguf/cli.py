@@ -75,7 +75,7 @@ def _cmd_make_random(args: argparse.Namespace) -> int:
 
 def resolve_model_dir(model: Path | None) -> Path:
     """--model, or the only converted model under model-base/."""
-    from qwen3_tts_gguf.paths import installed_models, model_base_dir
+    from qwen3_tts_gguf.data_dirs import installed_models, model_base_dir
 
     if model is not None:
         return model
@@ -90,7 +90,7 @@ def resolve_model_dir(model: Path | None) -> Path:
 
 
 def _voice_store(folder: Path | None):
-    from qwen3_tts_gguf.voices.store import VoiceStore
+    from qwen3_tts_gguf.voicebank.store import VoiceStore
 
     store = VoiceStore(folder)
     try:
@@ -103,7 +103,7 @@ def _voice_store(folder: Path | None):
 def _find_profile(name: str | None, voices_dir: Path | None, model: Path | None):
     """The voice profile `name` when it is one (a model speaker of that name wins when --model has it)."""
     from qwen3_tts_gguf.model.manifest import load_manifest
-    from qwen3_tts_gguf.voices.store import VoiceNotFoundError, VoiceProfileError
+    from qwen3_tts_gguf.voicebank.store import VoiceNotFoundError, VoiceProfileError
 
     if not name:
         return None
@@ -123,8 +123,8 @@ def _find_profile(name: str | None, voices_dir: Path | None, model: Path | None)
 
 def model_for_profile(profile) -> Path:
     """The converted model a profile names, else the only Base model of its size."""
+    from qwen3_tts_gguf.data_dirs import installed_models
     from qwen3_tts_gguf.model.manifest import load_manifest
-    from qwen3_tts_gguf.paths import installed_models
 
     candidates = []
     for folder in installed_models():
@@ -142,14 +142,14 @@ def model_for_profile(profile) -> Path:
 
 def _cmd_voice(args: argparse.Namespace) -> int:
     from qwen3_tts_gguf.model.manifest import ModelFolderError
-    from qwen3_tts_gguf.voices.clone import ReferenceAudioError, VoiceCloner
-    from qwen3_tts_gguf.voices.store import VoiceProfileError
+    from qwen3_tts_gguf.voicebank.clone import ReferenceAudioError, VoiceCloner
+    from qwen3_tts_gguf.voicebank.store import VoiceProfileError
 
     store = _voice_store(args.voices_dir)
     try:
         if args.voice_command == "list":
+            from qwen3_tts_gguf.data_dirs import installed_models
             from qwen3_tts_gguf.model.manifest import load_manifest
-            from qwen3_tts_gguf.paths import installed_models
 
             for folder in installed_models():
                 m = load_manifest(folder)
@@ -163,7 +163,7 @@ def _cmd_voice(args: argparse.Namespace) -> int:
             store.delete(args.name)
             print(f"deleted voice {args.name}")
             return 0
-        from qwen3_tts_gguf.voices.store import validate_name
+        from qwen3_tts_gguf.voicebank.store import validate_name
 
         validate_name(args.name)
         if store.exists(args.name) and not args.force:
@@ -175,7 +175,7 @@ def _cmd_voice(args: argparse.Namespace) -> int:
         else:  # design
             from qwen3_tts_gguf.engine.scheduler import Engine
             from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
-            from qwen3_tts_gguf.voices.design import reference_text, speak_reference
+            from qwen3_tts_gguf.voicebank.design import reference_text, speak_reference
 
             text = args.text or reference_text(args.language)
             with Engine(LoadedModel(args.design_model, EngineSettings(threads=args.threads, max_streams=1))) as engine:
@@ -218,10 +218,10 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from qwen3_tts_gguf.doctor import check_device_settings
     from qwen3_tts_gguf.engine.request import SynthesisRequest
     from qwen3_tts_gguf.engine.scheduler import Engine
+    from qwen3_tts_gguf.host.devices import DeviceError
     from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
     from qwen3_tts_gguf.model.manifest import ModelFolderError
     from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec
-    from qwen3_tts_gguf.runtime.devices import DeviceError
 
     profile = _find_profile(args.voice, args.voices_dir, args.model)
     folder = args.model or (model_for_profile(profile) if profile else resolve_model_dir(None))
@@ -330,7 +330,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
     from qwen3_tts_gguf.convert.presets import CP_BLOCK_SIZE
     from qwen3_tts_gguf.convert.verify import VerificationError
-    from qwen3_tts_gguf.paths import model_base_dir
+    from qwen3_tts_gguf.data_dirs import model_base_dir
 
     repo_name = args.repo_id.rstrip("/").split("/")[-1]
     quant, cp_precision = _weight_formats(args)

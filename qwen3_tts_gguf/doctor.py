@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from qwen3_tts_gguf.runtime.devices import (
+from qwen3_tts_gguf.host.devices import (
     GPU_LAYERS_ALL,
     DeviceError,
     LlamaRuntime,
@@ -24,7 +24,7 @@ def check_device_settings(gpu_layers: int, device: str, codec_runtime: str = "au
     missing; otherwise one line saying where the work will run."""
     from qwen3_tts_gguf.model.onnx_session import OnnxDeviceError, resolve_device
     from qwen3_tts_gguf.model.openvino_session import CodecRuntimeError, check_codec_runtime
-    from qwen3_tts_gguf.model.runtimes import StageRuntimeError, check_stage_runtimes
+    from qwen3_tts_gguf.model.stage_runtimes import StageRuntimeError, check_stage_runtimes
 
     check_gpu_layers(gpu_layers)
     try:
@@ -41,7 +41,7 @@ def check_device_settings(gpu_layers: int, device: str, codec_runtime: str = "au
 def stage_words(cp_runtime: str, codec_runtime: str, *, gpu_layers: int, onnx_device: str,
                 deterministic: bool) -> dict[str, str]:
     """What runs each stage that is not on ONNX Runtime, in a few words, before a model folder is read
-    (`auto`'s code predictor then depends on the folder having its llama stages file: model/runtimes.py)."""
+    (`auto`'s code predictor then depends on the folder having its llama stages file: model/stage_runtimes.py)."""
     on = "on the talker's device" if gpu_layers else "on the CPU"
     auto = bool(gpu_layers) and onnx_device == "cpu" and not deterministic
     out = {}

@@ -56,11 +56,11 @@ def add_runaway_args(p: argparse.ArgumentParser) -> None:
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
+    from qwen3_tts_gguf.host.devices import ONNX_DEVICES, parse_gpu_layers
+    from qwen3_tts_gguf.host.heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD
     from qwen3_tts_gguf.model.loaded import KV_CELLS_PER_STREAM, MAX_KV_CELLS, MAX_THREADS, MIN_KV_CELLS
-    from qwen3_tts_gguf.model.runtimes import CODEC_RUNTIMES, CP_RUNTIMES
+    from qwen3_tts_gguf.model.stage_runtimes import CODEC_RUNTIMES, CP_RUNTIMES
     from qwen3_tts_gguf.model.talker import KV_CACHE_TYPES
-    from qwen3_tts_gguf.runtime.devices import ONNX_DEVICES, parse_gpu_layers
-    from qwen3_tts_gguf.runtime.heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD
 
     p.add_argument("--device", choices=ONNX_DEVICES, default="cpu",
                    help="ONNX Runtime execution provider for the code predictor and codec, among those installed "

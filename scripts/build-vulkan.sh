@@ -41,7 +41,7 @@ stamp="$VENV/.vulkan-build"
 WEBGPU_EP=0.4.0
 want="$(head -1 "$wheels/BUILD") onnxruntime-ep-webgpu==$WEBGPU_EP"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-   && "$VENV/bin/python" -c "import sys; from qwen3_tts_gguf.runtime.devices import llama_runtime
+   && "$VENV/bin/python" -c "import sys; from qwen3_tts_gguf.host.devices import llama_runtime
 sys.exit('Vulkan' not in llama_runtime().gpu_backends)" 2>/dev/null; then
   echo "build-vulkan: $VENV is up to date ($want)" >&2
   exit 0
@@ -59,7 +59,7 @@ echo "import site; site.addsitedir('$main_site')" > "$site/zz-main-venv.pth"
 "$VENV/bin/python" -m pip install -q --no-deps "onnxruntime-ep-webgpu==$WEBGPU_EP"
 # the Vulkan backend is in the build (llama_supports_gpu_offload is true only once a device is seen:
 # here lavapipe is, with GGML_VK_VISIBLE_DEVICES naming it)
-"$VENV/bin/python" -c "import sys; from qwen3_tts_gguf.runtime.devices import llama_runtime
+"$VENV/bin/python" -c "import sys; from qwen3_tts_gguf.host.devices import llama_runtime
 sys.exit(0 if 'Vulkan' in llama_runtime().gpu_backends else 'build-vulkan: the built llama.cpp has no Vulkan backend')"
 echo "$want" > "$stamp"
 echo "build-vulkan: $VENV ready ($VENV/bin/python -m qwen3_tts_gguf doctor)" >&2

@@ -192,7 +192,7 @@ _PROBE = """
 import json, sys
 import numpy as np
 from qwen3_tts_gguf.ggml.graph import Backend
-from qwen3_tts_gguf.ggml.predictor import GgmlCodePredictor
+from qwen3_tts_gguf.ggml.batched_predictor import GgmlCodePredictor
 from qwen3_tts_gguf.model.sampler import SamplingParams
 predictor = GgmlCodePredictor(sys.argv[1], Backend(threads=1))
 inputs = np.load(sys.argv[2])

@@ -190,7 +190,7 @@ def test_voice_names_object_form_and_openai_aliases(client):
     by_name, headers = speech(client, voice="serena")
     assert headers["x-qwen3tts-voice"] == "serena"
     by_object, _ = speech(client, voice={"id": "Serena"})
-    by_alias, alias_headers = speech(client, voice="alloy")  # alloy -> serena (api/voices.py table)
+    by_alias, alias_headers = speech(client, voice="alloy")  # alloy -> serena (api/voice_resolution.py table)
     assert by_name == by_object == by_alias
     assert alias_headers["x-qwen3tts-voice"] == "serena"
 

@@ -18,7 +18,7 @@ from api.errors import validation_error
 from api.ops.metrics import Histogram, Metrics
 from api.schemas import ResponseFormat, SpeechRequest
 from api.speaking.http_body import CONTENT_TYPES
-from api.voices import OFFICIAL_SPEAKERS, OPENAI_VOICES
+from api.voice_resolution import OFFICIAL_SPEAKERS, OPENAI_VOICES
 
 OPENAI_VOICE_NAMES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
                       "verse", "marin", "cedar"}

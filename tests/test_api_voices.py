@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover
     import httpx
 
 from qwen3_tts_gguf.model.loaded import EngineSettings
-from qwen3_tts_gguf.voices.store import VoiceStore
+from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from tests.server_fixtures import FixtureValue, server_fixtures
 from tests.test_cli_voices import speechlike

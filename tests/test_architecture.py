@@ -135,6 +135,38 @@ def test_every_room_is_small_enough_and_says_what_it_holds():
         assert lines <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)}: {lines} lines"
 
 
+PRODUCT = ("qwen3_tts_gguf", "api")
+"""The engine and the server: one word, one meaning across both (`qtts_client/` is a package of its own, with its
+public module names; `bench/` and `tests/` are not the product)."""
+DATA_FOLDERS = ("model-base", "voices")
+"""The user-data folders at the top of a checkout (`qwen3_tts_gguf/data_dirs.py`): no module or package is named so."""
+
+
+def test_no_two_modules_of_the_product_share_a_name():
+    names: dict[str, list[str]] = {}
+    for package in PRODUCT:
+        for path in _sources(package, "*.py"):
+            name = path.parent.name if path.name == "__init__.py" else path.stem
+            if path.parent != ROOT / package or path.name != "__init__.py":
+                names.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    shared = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert shared == {}, shared
+    assert not {folder.replace("-", "_") for folder in DATA_FOLDERS} & set(names)
+
+
+def test_modules_are_imported_under_their_own_names():
+    """`from package import module as other` hides a module behind another word (`native as websocket` did); an
+    alias may only lengthen the module's own name (`realtime_module`, beside a parameter called `realtime`)."""
+    modules = _modules()
+    renamed = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                renamed += [(name, f"{node.module}.{a.name}", a.asname) for a in node.names
+                            if a.asname and not a.asname.startswith(a.name) and f"{node.module}.{a.name}" in modules]
+    assert renamed == [], renamed
+
+
 @pytest.fixture(scope="module")
 def registry(tiny_cv_f32):
     registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, max_streams=2, max_pending=4))

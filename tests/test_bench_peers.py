@@ -10,7 +10,7 @@ from test_bench_first_audio import _Progress
 
 from bench import cli
 from bench.pipelines import peers
-from bench.pipelines.qwentts_gguf import (
+from bench.pipelines.qwentts_cpp_files import (
     _CODEC_RULES,
     _TALKER_RULES,
     qwentts_name,

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from qwen3_tts_gguf.model.manifest import load_manifest
-from qwen3_tts_gguf.voices.store import VoiceStore
+from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from tests.conftest import ROOT
 

@@ -322,7 +322,7 @@ def test_make_random_real_shape_layout_matches_the_official_names(tmp_path):
 
 def test_make_random_base_converts_and_clones_a_voice(tmp_path):
     """A numpy-only Base checkpoint has the voice encoders: convert (self-check on), then clone a voice."""
-    from qwen3_tts_gguf.voices.clone import VoiceCloner
+    from qwen3_tts_gguf.voicebank.clone import VoiceCloner
 
     ckpt = _cli("make-random", tmp_path / "rnd", "--shape", "tiny", "--type", "base")
     assert "wrote a random tiny base checkpoint" in ckpt.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_tts_gguf.runtime import cpus
+from qwen3_tts_gguf.host import cpus
 
 
 def _tree(tmp_path: Path, files: dict[str, str], proc: str) -> tuple[Path, Path]:
@@ -62,7 +62,7 @@ def test_usable_cpus_rounds_the_quota_up_and_keeps_the_affinity(monkeypatch):
 def test_affinity_mask_limits_the_default_threads_of_every_runtime():
     """A process pinned to one CPU (taskset) defaults to one thread in llama.cpp's and ORT's settings."""
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from qwen3_tts_gguf.runtime.cpus import default_threads; "
+            "from qwen3_tts_gguf.host.cpus import default_threads; "
             "from qwen3_tts_gguf.model.onnx_session import session_options; "
             "print(default_threads(0), session_options().intra_op_num_threads)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -79,7 +79,7 @@ def _env_without_openmp_waits() -> dict:
 def test_llama_is_loaded_with_short_spins_then_sleep_unless_the_operator_chose():
     """libgomp reads OMP_WAIT_POLICY and GOMP_SPINCOUNT once, when llama_cpp loads it: every load goes
     through import_llama. An operator's own setting of either one turns the engine's pair off."""
-    code = ("import os; from qwen3_tts_gguf.runtime.cpus import quiet_llama_logs; quiet_llama_logs(); "
+    code = ("import os; from qwen3_tts_gguf.host.cpus import quiet_llama_logs; quiet_llama_logs(); "
             "maps = open('/proc/self/maps').read(); "
             "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), 'libgomp' in maps)")
     root = Path(__file__).resolve().parents[1]

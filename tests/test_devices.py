@@ -19,9 +19,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from qwen3_tts_gguf.cli import build_parser
+from qwen3_tts_gguf.host import devices, locks
+from qwen3_tts_gguf.host.devices import GPU_LAYERS_ALL, BackendDevice, DeviceError, LlamaRuntime, check_gpu_layers
 from qwen3_tts_gguf.model import onnx_session
-from qwen3_tts_gguf.runtime import devices, locks
-from qwen3_tts_gguf.runtime.devices import GPU_LAYERS_ALL, BackendDevice, DeviceError, LlamaRuntime, check_gpu_layers
 
 from api.config import engine_settings_from_args
 

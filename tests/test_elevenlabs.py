@@ -1,4 +1,4 @@
-"""ElevenLabs' multi-context socket (`api/protocols/elevenlabs.py`) end to end: a real uvicorn server, the
+"""ElevenLabs' multi-context socket (`api/protocols/elevenlabs_sockets.py`) end to end: a real uvicorn server, the
 `websockets` client sending what Pipecat's and LiveKit's ElevenLabs services send (a context opened
 with " ", words with their trailing spaces, `flush`, `close_context`, the key as `xi-api-key`).
 
@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 
 from qwen3_tts_gguf.audio.encoding import StreamResampler, s16_to_ulaw, to_s16
 
-from api.protocols.elevenlabs import MAX_CONTEXTS
+from api.protocols.elevenlabs_sockets import MAX_CONTEXTS
 from tests.server_fixtures import server_fixture, short_stream_registries
 from tests.ws_helpers import (
     KEY,

@@ -375,7 +375,7 @@ def test_an_idle_engine_gives_the_freed_heap_back_once(converted_factory, monkey
     """Once the last stream is done (and the overlapped codec's last call) and the engine has stayed idle
     for a while, it trims the heap: once per busy spell, not while streams run, not again while idle."""
     from qwen3_tts_gguf.engine import scheduler
-    from qwen3_tts_gguf.runtime import heap
+    from qwen3_tts_gguf.host import heap
 
     monkeypatch.setattr(scheduler, "IDLE_TRIM_S", 0.3)
     model = LoadedModel(converted_factory("tiny_cv", "f32"), EngineSettings(max_streams=2, threads=2))

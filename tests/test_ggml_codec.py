@@ -1,4 +1,4 @@
-"""The streaming codec on the project's own ggml graphs (`--codec-runtime ggml`, `ggml/codec.py`): the ONNX
+"""The streaming codec on the project's own ggml graphs (`--codec-runtime ggml`, `ggml/streaming_codec.py`): the ONNX
 codec's graph, state and weights on ggml's CPU backend here (lavapipe's Vulkan in tests/test_vulkan_stages.py).
 
 What holds: chunked audio equals one whole decode bit for bit, a stream decoded beside others equals its
@@ -17,13 +17,13 @@ import numpy as np
 import onnx
 import pytest
 
-from qwen3_tts_gguf.ggml.codec import GgmlCodec
 from qwen3_tts_gguf.ggml.graph import Backend
+from qwen3_tts_gguf.ggml.streaming_codec import GgmlCodec
 from qwen3_tts_gguf.model.codec import CodecDecoder, split_states, stack_states
 from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 from qwen3_tts_gguf.model.manifest import CODEC_FILE, MANIFEST, Manifest, ModelFolderError, file_entries, load_manifest
 from qwen3_tts_gguf.model.prompt import VoiceSpec
-from qwen3_tts_gguf.model.runtimes import resolve
+from qwen3_tts_gguf.model.stage_runtimes import resolve
 
 from tests.conftest import converted_preset
 from tests.greedy_agreement import snr_db

@@ -1,4 +1,4 @@
-"""The batched code predictor on the project's own ggml graphs (`--cp-runtime ggml`, `ggml/predictor.py`), on
+"""The batched code predictor on the project's own ggml graphs (`--cp-runtime ggml`, `ggml/batched_predictor.py`), on
 ggml's CPU backend here (lavapipe's Vulkan in tests/test_vulkan_stages.py).
 
 It reads the llama stages file's code predictor, so these tests use the tiny talker with the published codec
@@ -16,14 +16,14 @@ import pytest
 
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.engine.scheduler import Engine
+from qwen3_tts_gguf.ggml.batched_predictor import GgmlCodePredictor
 from qwen3_tts_gguf.ggml.graph import Backend
-from qwen3_tts_gguf.ggml.predictor import GgmlCodePredictor
 from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, PREDICTOR_FILE, ModelFolderError, load_manifest
 from qwen3_tts_gguf.model.predictor import CodePredictor
 from qwen3_tts_gguf.model.prompt import ReferencePrompt, VoiceSpec
-from qwen3_tts_gguf.model.runtimes import StageRuntimeError
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.stage_runtimes import StageRuntimeError
 
 from tests.greedy_agreement import assert_greedy_codes_agree, recording
 from tests.reference.runner import clone_prompt, official_generate

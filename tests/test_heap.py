@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from qwen3_tts_gguf.runtime.heap import MAP_THRESHOLD
+from qwen3_tts_gguf.host.heap import MAP_THRESHOLD
 
 PROBE = """
 import ctypes, sys
-from qwen3_tts_gguf.runtime.heap import map_large_blocks
+from qwen3_tts_gguf.host.heap import map_large_blocks
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]

@@ -40,7 +40,7 @@ import soundfile
 from websockets.exceptions import ConnectionClosed
 
 from qwen3_tts_gguf.model.loaded import EngineSettings
-from qwen3_tts_gguf.voices.store import VoiceStore
+from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits

@@ -26,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from qwen3_tts_gguf.model.loaded import EngineSettings
-from qwen3_tts_gguf.voices.store import NAME_RE
+from qwen3_tts_gguf.voicebank.store import NAME_RE
 
 from api import ServerConfig, create_app
 from api.errors import validation_error

@@ -24,11 +24,11 @@ except ImportError:  # pragma: no cover
     import httpx
 
 from qwen3_tts_gguf.model.loaded import EngineSettings
-from qwen3_tts_gguf.voices.store import VoiceStore
+from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from api import ServerConfig
 from api.limits import ServerLimits
-from api.voices import StoredVoiceProfiles
+from api.voice_resolution import StoredVoiceProfiles
 from tests.server_fixtures import FixtureValue, server_fixtures
 from tests.test_cli_voices import speechlike
 from tests.waiting import wait_until
@@ -154,7 +154,7 @@ def test_multipart_upload_limits(server, http, voices_dir):
 def test_a_profile_that_could_not_be_read_back_is_never_saved(tmp_path):
     import numpy as np
 
-    from qwen3_tts_gguf.voices.store import VoiceProfile, VoiceProfileError
+    from qwen3_tts_gguf.voicebank.store import VoiceProfile, VoiceProfileError
 
     profile = VoiceProfile.create(name="wordy", model_size="0.6b", hidden_size=8, speaker_embedding=np.zeros(8),
                                   mode="icl", ref_text="x" * (5 * 1024 * 1024), ref_codes=np.zeros((2, 16), np.int64))
@@ -317,7 +317,7 @@ def test_a_client_that_leaves_cancels_its_voice_job(server, voices_dir, gated_cl
 def test_a_design_is_cancelled_through_its_engine_stream(converted_factory):
     from qwen3_tts_gguf.engine.scheduler import Engine
     from qwen3_tts_gguf.model.loaded import LoadedModel
-    from qwen3_tts_gguf.voices.design import Cancellation, Cancelled, speak_reference
+    from qwen3_tts_gguf.voicebank.design import Cancellation, Cancelled, speak_reference
 
     model = LoadedModel(converted_factory("tiny_vd", "f32"), EngineSettings(threads=1, max_streams=1))
     try:

@@ -10,7 +10,7 @@ from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.engine.scheduler import Engine
 from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
 from qwen3_tts_gguf.model.sampler import SamplingParams
-from qwen3_tts_gguf.voices.clone import VoiceCloner
+from qwen3_tts_gguf.voicebank.clone import VoiceCloner
 
 from tests.reference.runner import official_generate
 from tests.test_cli_voices import speechlike

@@ -24,7 +24,7 @@ import pytest
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.codec_encoder_graph import build_codec_encoder
 from qwen3_tts_gguf.convert.speaker_encoder_graph import build_speaker_encoder, log_mel_numpy, slaney_mel_filterbank
-from qwen3_tts_gguf.voices.clone import (
+from qwen3_tts_gguf.voicebank.clone import (
     AudioLimits,
     ReferenceAudioError,
     VoiceCloner,

@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from qwen3_tts_gguf.voices import store as voices
-from qwen3_tts_gguf.voices.store import (
+from qwen3_tts_gguf.voicebank import store as voices
+from qwen3_tts_gguf.voicebank.store import (
     VoiceExistsError,
     VoiceNotFoundError,
     VoiceProfile,

@@ -39,7 +39,7 @@ FRAMES = 30
 def _why_skip() -> str | None:
     if not (VULKAN_VENV / "bin" / "python").exists():
         return ".venv-vulkan is absent: scripts/build-vulkan.sh builds it (CI does)"
-    from qwen3_tts_gguf.runtime import devices
+    from qwen3_tts_gguf.host import devices
 
     # before llama.cpp's Vulkan backend starts (it reads the variable once, when first asked)
     index = devices.lavapipe_index()
@@ -72,7 +72,7 @@ def _report(record_property, **values) -> None:
 
 def test_the_lavapipe_device_is_what_llama_cpp_offloads_to():
     from qwen3_tts_gguf import doctor
-    from qwen3_tts_gguf.runtime import devices
+    from qwen3_tts_gguf.host import devices
 
     rt = devices.llama_runtime()
     gpu = [d for d in rt.gpu_devices if d.backend.lower().startswith("vulkan")]
@@ -268,8 +268,8 @@ def test_two_models_on_one_device_take_turns(tiny_cv_f32, converted_factory, mon
     import threading
     import time
 
+    from qwen3_tts_gguf.host import locks
     from qwen3_tts_gguf.model.talker import Talker
-    from qwen3_tts_gguf.runtime import locks
 
     intervals: list[tuple[int, float, float]] = []
     real = Talker._run_unlocked

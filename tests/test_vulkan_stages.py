@@ -1,6 +1,6 @@
 """Every stage of a frame on a real Vulkan backend, Mesa's software device (lavapipe): the talker offloaded
 (`--gpu-layers all`), the code predictor and the codec on the project's ggml graphs on the same device
-(`auto` picks them there: model/runtimes.py).
+(`auto` picks them there: model/stage_runtimes.py).
 
 Run as tests/test_vulkan.py is, by the Vulkan build's python (CI does, in the same process):
 
@@ -20,7 +20,7 @@ once: Mesa keeps them in ~/.cache/mesa_shader_cache).
 
 Precision on this device: ggml-vulkan's matrix kernels round their inputs to f16 on a device that reports
 fp16 (lavapipe does), so the codec agrees with the fp32 ONNX codec to about 37 dB here (about 96 dB with
-GGML_VK_DISABLE_F16=1); the code predictor keeps to the f32 matrix-vector kernels (ggml/predictor.py,
+GGML_VK_DISABLE_F16=1); the code predictor keeps to the f32 matrix-vector kernels (ggml/batched_predictor.py,
 GPU_MAX_ROWS), so its codes equal the CPU's.
 """
 
@@ -104,7 +104,7 @@ def cpu(folder):
 
 
 def test_auto_puts_every_stage_on_the_vulkan_device(vulkan):
-    from qwen3_tts_gguf.runtime import devices
+    from qwen3_tts_gguf.host import devices
 
     model = vulkan.model
     assert (model.runtimes.predictor, model.runtimes.codec) == ("ggml", "ggml"), model.runtimes
@@ -121,8 +121,8 @@ def test_greedy_codes_with_every_stage_on_vulkan_equal_the_cpu_run(vulkan, cpu, 
     """30 greedy frames: codes equal to the CPU run's (up to a near tie of the code predictor's float64
     logits: tests/greedy_agreement.py); the audio, decoded on lavapipe in the engine's calls of CHUNK frames,
     against the fp32 ONNX codec's and the ggml CPU backend's decode of the same codes."""
-    from qwen3_tts_gguf.ggml.codec import GgmlCodec
     from qwen3_tts_gguf.ggml.graph import Backend
+    from qwen3_tts_gguf.ggml.streaming_codec import GgmlCodec
     from qwen3_tts_gguf.model.codec import CodecDecoder
     from qwen3_tts_gguf.model.manifest import CODEC_FILE
 
@@ -206,11 +206,11 @@ def test_a_request_through_the_server_with_every_stage_on_vulkan(folder, tmp_pat
 def test_the_published_codec_on_vulkan(record_property):
     """One stage at the published codec's shape (114 M decoder parameters) on lavapipe: chunks equal one whole
     decode, the samples within the stated SNR of the fp32 ONNX codec."""
-    from qwen3_tts_gguf.ggml.codec import GgmlCodec
     from qwen3_tts_gguf.ggml.graph import Backend
+    from qwen3_tts_gguf.ggml.streaming_codec import GgmlCodec
+    from qwen3_tts_gguf.host import devices
     from qwen3_tts_gguf.model.codec import CodecDecoder
     from qwen3_tts_gguf.model.manifest import CODEC_FILE
-    from qwen3_tts_gguf.runtime import devices
 
     from tests.conftest import converted_preset
 

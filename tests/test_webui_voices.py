@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
 import pytest
 import soundfile
 
-from qwen3_tts_gguf.voices.store import VoiceStore
+from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from api.registry import OPENAI_MODEL_ALIASES
 from tests.conftest import CHROMIUM

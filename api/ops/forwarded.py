@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import invalid_request
 from api.ops.clients import parse_networks, peer_in
-from api.ops.paths import path_prefix
+from api.ops.path_prefix import path_prefix
 
 PREFIX_HEADER = "x-forwarded-prefix"
 PROTO_HEADER = "x-forwarded-proto"

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from qwen3_tts_gguf.engine.runaway import RUNAWAY_COUNTS
-from qwen3_tts_gguf.runtime import locks
+from qwen3_tts_gguf.host import locks
 
 from api.ops.lifecycle import PROCESS
 from api.registry import ModelRegistry

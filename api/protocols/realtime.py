@@ -61,8 +61,26 @@ from qwen3_tts_gguf.engine.request import AudioChunk
 
 from api.errors import APIError, invalid_request
 from api.ops.clients import client_of
-from api.protocols import realtime_events as rt
 from api.protocols.base import CLOSE_POLICY_VIOLATION, KEY_SUBPROTOCOL_PREFIX, SocketConnection, serve_socket
+from api.protocols.realtime_events import (
+    REALTIME_MODEL_PREFIXES,
+    SessionConfig,
+    assistant_item,
+    check_text_length,
+    item_text,
+    join_text,
+    new_id,
+    realtime_error,
+    response_object,
+    response_settings,
+    response_status,
+    session_object,
+    speech_request,
+    unsupported,
+    updated_session,
+    usage_object,
+    user_item,
+)
 from api.registry import ModelRegistry, ServedModel
 from api.speaking.plan import LIVE_TEXT, SpeechPlan
 from api.speaking.start import plan_request
@@ -84,14 +102,14 @@ PROGRESS_EVENT = "response.output_audio.progress"
 
 def resolve_model(registry: ModelRegistry, name: str | None) -> ServedModel:
     """`?model=`: a served id, folder or alias; missing or `gpt-realtime*` is the default model."""
-    if not name or name.startswith(rt.REALTIME_MODEL_PREFIXES):
+    if not name or name.startswith(REALTIME_MODEL_PREFIXES):
         return registry.default
     return registry.resolve(name)
 
 
 def error_event(error: APIError, client_event_id: str | None = None) -> dict[str, Any]:
     """`{"type": "error", "event_id", "error": {type, code, message, param, event_id}}`."""
-    return {"type": "error", "event_id": rt.new_id("event"), "error": {**error.body()["error"],
+    return {"type": "error", "event_id": new_id("event"), "error": {**error.body()["error"],
                                                                       "event_id": client_event_id}}
 
 
@@ -102,7 +120,7 @@ class Response:
     id: str
     item_id: str
     utterance: Utterance
-    config: rt.SessionConfig
+    config: SessionConfig
     conversation: bool
     metadata: dict | None
     transcript: list[str] = field(default_factory=list)
@@ -121,9 +139,9 @@ class Connection(SocketConnection):
 
     def __init__(self, websocket: WebSocket, state: AppState, client: str = ""):
         super().__init__(websocket, state, client)
-        self.session_id = rt.new_id("sess")
-        self.conversation_id = rt.new_id("conv")
-        self.config: rt.SessionConfig | None = None
+        self.session_id = new_id("sess")
+        self.conversation_id = new_id("conv")
+        self.config: SessionConfig | None = None
         self.items: dict[str, dict[str, Any]] = {}
         """The conversation (insertion order): user messages, and the responses' assistant messages."""
         self.pending: list[str] = []
@@ -157,7 +175,7 @@ class Connection(SocketConnection):
 
     async def send_event(self, event: dict[str, Any]) -> None:
         if "event_id" not in event:
-            event = {"type": event["type"], "event_id": rt.new_id("event"), **event}
+            event = {"type": event["type"], "event_id": new_id("event"), **event}
         await super().send_event(event)
 
     @property
@@ -179,21 +197,21 @@ class Connection(SocketConnection):
             await self.send_error(e)
             self.end((CLOSE_POLICY_VIOLATION, e.code or "invalid_model"))
         else:
-            self.config = rt.SessionConfig(model=served.id)
+            self.config = SessionConfig(model=served.id)
             await self.send_event({"type": "session.created", "session": self.session_object()})
         await super().run()
 
     def session_object(self) -> dict[str, Any]:
-        return rt.session_object(self.config, self.session_id)
+        return session_object(self.config, self.session_id)
 
     # -- session ---------------------------------------------------------------------------------------
     async def session_update(self, message: dict[str, Any]) -> None:
-        config, model = rt.updated_session(self.config, message.get("session"))
+        config, model = updated_session(self.config, message.get("session"))
         if model is not None:
             try:
                 named = resolve_model(self.state.registry, model)
             except APIError as e:
-                raise rt.realtime_error(e, "session") from None
+                raise realtime_error(e, "session") from None
             if named.id != self.config.model:
                 raise invalid_request(f"Invalid value for 'session.model': this session speaks with "
                                       f"'{self.config.model}', chosen when it connected; reconnect with "
@@ -202,24 +220,24 @@ class Connection(SocketConnection):
         self.config = config
         await self.send_event({"type": "session.updated", "session": self.session_object()})
 
-    def plan(self, config: rt.SessionConfig, text: str, where: str) -> SpeechPlan:
+    def plan(self, config: SessionConfig, text: str, where: str) -> SpeechPlan:
         """The speech route's plan for `text` with `config` (APIError naming the Realtime field)."""
-        body = rt.speech_request(config, text, where)
+        body = speech_request(config, text, where)
         try:
             return plan_request(self.state, body)
         except APIError as e:
-            raise rt.realtime_error(e, where) from None
+            raise realtime_error(e, where) from None
 
     # -- conversation ----------------------------------------------------------------------------------
     async def item_create(self, message: dict[str, Any]) -> None:
-        item = rt.user_item(message.get("item"))
+        item = user_item(message.get("item"))
         last = next(reversed(self.items), None)
         previous = message.get("previous_item_id")
         if previous is not None and not isinstance(previous, str):
             raise invalid_request("Invalid value for 'previous_item_id': expected a string.", param="previous_item_id")
         if previous is not None and previous != last:
             if previous == "root" or previous in self.items:
-                raise rt.unsupported("previous_item_id", "Items are only appended here: leave previous_item_id "
+                raise unsupported("previous_item_id", "Items are only appended here: leave previous_item_id "
                                                          "out (or name the last item).")
             raise invalid_request(f"Item '{previous}' was not found.", param="previous_item_id",
                                   code="item_not_found")
@@ -228,14 +246,14 @@ class Connection(SocketConnection):
         if len(self.pending) >= MAX_ITEMS:
             raise invalid_request(f"The conversation holds {MAX_ITEMS} unspoken messages, its limit: send "
                                   "response.create to speak them first.", param="item", code="too_many_items")
-        rt.check_text_length(rt.join_text([*self.pending_texts(), rt.item_text(item)]), "item.content")
+        check_text_length(join_text([*self.pending_texts(), item_text(item)]), "item.content")
         self.add_item(item)
         self.pending.append(item["id"])
         for kind in ("conversation.item.added", "conversation.item.done"):
             await self.send_event({"type": kind, "previous_item_id": last, "item": item})
 
     def pending_texts(self) -> list[str]:
-        return [rt.item_text(self.items[item_id]) for item_id in self.pending]
+        return [item_text(self.items[item_id]) for item_id in self.pending]
 
     def add_item(self, item: dict[str, Any]) -> None:
         self.items[item["id"]] = item
@@ -285,22 +303,22 @@ class Connection(SocketConnection):
 
     async def response_create(self, message: dict[str, Any]) -> None:
         self._require_idle()
-        settings = rt.response_settings(self.config, message.get("response"))
+        settings = response_settings(self.config, message.get("response"))
         if settings.input is not None:
-            text = rt.join_text(rt.item_text(self._input_item(item, i)) for i, item in enumerate(settings.input))
+            text = join_text(item_text(self._input_item(item, i)) for i, item in enumerate(settings.input))
         else:
-            text = rt.join_text(self.pending_texts())
+            text = join_text(self.pending_texts())
         if not text.strip():
             raise invalid_request("Nothing to speak: add a user message with input_text (conversation.item.create) "
                                   "or give response.input.", param="response.input", code="empty_input")
-        rt.check_text_length(text, "response.input")
+        check_text_length(text, "response.input")
         plan = self.plan(settings.config, text, "response")
         utterance = await open_utterance(client_of(self.ws), self.state, plan, settings.config.format,
                                          settings.config.speed, live=False,
                                          progress=bool(settings.config.extensions.get("progress")))
         if settings.conversation and settings.input is None:
             self.pending.clear()  # spoken (whatever becomes of the response)
-        await self._begin(Response(rt.new_id("resp"), rt.new_id("item"), utterance, settings.config,
+        await self._begin(Response(new_id("resp"), new_id("item"), utterance, settings.config,
                                    settings.conversation, settings.metadata), transcript=text)
 
     def _input_item(self, item: Any, index: int) -> dict[str, Any]:
@@ -311,7 +329,7 @@ class Connection(SocketConnection):
                 raise invalid_request(f"Item '{str(item_id)[:64]}' was not found.", param=f"{param}.id",
                                       code="item_not_found")
             return self.items[item_id]
-        return rt.user_item(item, param)
+        return user_item(item, param)
 
     async def response_cancel(self, message: dict[str, Any]) -> None:
         response, wanted = self.response, message.get("response_id")
@@ -338,7 +356,7 @@ class Connection(SocketConnection):
             utterance = await open_utterance(client_of(self.ws), self.state, plan, self.config.format,
                                              self.config.speed, live=True,
                                              progress=bool(self.config.extensions.get("progress")))
-            response = Response(rt.new_id("resp"), rt.new_id("item"), utterance, self.config, True, None)
+            response = Response(new_id("resp"), new_id("item"), utterance, self.config, True, None)
             await self._begin(response)
         elif not response.utterance.live:
             self._require_idle()
@@ -357,21 +375,21 @@ class Connection(SocketConnection):
 
     # -- refused -------------------------------------------------------------------------------------------
     async def no_audio_input(self, message: dict[str, Any]) -> None:
-        raise rt.unsupported("type", f"'{message['type']}': this server takes no audio input; send text with "
+        raise unsupported("type", f"'{message['type']}': this server takes no audio input; send text with "
                                      "conversation.item.create (input_text) or input_text_buffer.append.")
 
     async def no_output_buffer(self, message: dict[str, Any]) -> None:
-        raise rt.unsupported("type", "'output_audio_buffer.clear' is for WebRTC and SIP connections; on a "
+        raise unsupported("type", "'output_audio_buffer.clear' is for WebRTC and SIP connections; on a "
                                      "WebSocket, stop a response with response.cancel.")
 
     # -- one response ---------------------------------------------------------------------------------------
     async def _begin(self, response: Response, transcript: str | None = None) -> None:
         """The response's opening events, then its audio (complete text: its transcript first)."""
         self.response = response
-        item = rt.assistant_item(response.item_id, "in_progress", None)
+        item = assistant_item(response.item_id, "in_progress", None)
         if response.conversation:
             response.previous_item_id = next(reversed(self.items), None)
-            self.add_item(rt.assistant_item(response.item_id, "in_progress", ""))
+            self.add_item(assistant_item(response.item_id, "in_progress", ""))
         await self.send_event({"type": "response.created", "response": self._response_object(response, "in_progress")})
         await self.send_event({"type": "response.output_item.added", "response_id": response.id, "output_index": 0,
                                "item": item})
@@ -409,9 +427,9 @@ class Connection(SocketConnection):
 
     async def _finish(self, response: Response, ending: Ending) -> None:
         utterance = response.utterance
-        status, details = rt.response_status(ending.reason, utterance.limit, ending.error, response.cancel_requested)
+        status, details = response_status(ending.reason, utterance.limit, ending.error, response.cancel_requested)
         transcript = "".join(response.transcript)
-        item = rt.assistant_item(response.item_id, "completed" if status == "completed" else "incomplete", transcript)
+        item = assistant_item(response.item_id, "completed" if status == "completed" else "incomplete", transcript)
         ids = response.ids()
         if (progress := utterance.final_progress()) is not None:
             await self.send_event({"type": PROGRESS_EVENT, **ids, **progress})
@@ -427,11 +445,11 @@ class Connection(SocketConnection):
             await self.send_event({"type": "conversation.item.done", "previous_item_id": response.previous_item_id,
                                    "item": item})
         await self.send_event({"type": "response.done", "response": self._response_object(
-            response, status, details, output=[item], usage=rt.usage_object(utterance.usage()))})
+            response, status, details, output=[item], usage=usage_object(utterance.usage()))})
 
     def _response_object(self, response: Response, status: str, details: dict | None = None,
                          output: list | None = None, usage: dict | None = None) -> dict[str, Any]:
-        return rt.response_object(response.id, response.config, status=status, status_details=details,
+        return response_object(response.id, response.config, status=status, status_details=details,
                                   conversation_id=self.conversation_id if response.conversation else None,
                                   metadata=response.metadata, output=output, usage=usage)
 

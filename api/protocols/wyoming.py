@@ -54,7 +54,7 @@ from api.speaking.plan import LIVE_TEXT, SpeechPlan, speech_body
 from api.speaking.start import plan_request
 from api.speaking.utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
 from api.state import AppState
-from api.voices import LANGUAGE_CODES, language_of
+from api.voice_resolution import LANGUAGE_CODES, language_of
 
 log = logging.getLogger("api.protocols.wyoming")
 

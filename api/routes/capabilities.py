@@ -21,8 +21,7 @@ from wyoming import __version__ as wyoming_version_string
 
 from api.errors import error_responses
 from api.limits import ServerLimits
-from api.protocols import elevenlabs, realtime
-from api.protocols import native as websocket
+from api.protocols import elevenlabs_sockets, native, realtime
 from api.protocols.wyoming import WyomingServer
 from api.schemas import MAX_INPUT_CHARS, ResponseFormat
 from api.state import get_state
@@ -97,12 +96,12 @@ PROTOCOLS: tuple[Protocol, ...] = (
     Protocol(name="openai-speech", path="/v1/audio/speech", subprotocol=None, version="v1",
              features=["sse", "stream_format", "instructions", "speed", "progress", "text_normalization",
                        "word_timestamps", "subtitles"]),
-    Protocol(name="qtts", path=websocket.PATH, subprotocol=websocket.SUBPROTOCOL, version="1.1",
+    Protocol(name="qtts", path=native.PATH, subprotocol=native.SUBPROTOCOL, version="1.1",
              features=["live_text", "resume", "progress", "text_normalization", "usage"]),
     Protocol(name="openai-realtime", path=realtime.PATH, subprotocol=realtime.SUBPROTOCOL, version="ga",
              features=["input_text_buffer", "audio/pcm", "audio/pcmu", "audio/pcma", "progress",
                        "text_normalization"]),
-    Protocol(name="elevenlabs-multi-context", path=elevenlabs.PATH, subprotocol=None, version="v1",
+    Protocol(name="elevenlabs-multi-context", path=elevenlabs_sockets.PATH, subprotocol=None, version="v1",
              features=["contexts", "stream-input", "http", "with-timestamps", "pcm_8000-48000", "ulaw_8000",
                        "alaw_8000", "mp3", "opus", "voices", "models", "speed", "apply_text_normalization",
                        "dialogue"]),

@@ -29,7 +29,7 @@ from api.schemas import (
     VoiceList,
 )
 from api.state import get_state
-from api.voices import LANGUAGE_CODES, OFFICIAL_SPEAKERS, OPENAI_VOICES, VoiceProfiles, speaker_for
+from api.voice_resolution import LANGUAGE_CODES, OFFICIAL_SPEAKERS, OPENAI_VOICES, VoiceProfiles, speaker_for
 
 router = APIRouter(tags=["models"])
 elevenlabs_router = APIRouter(tags=["models"])

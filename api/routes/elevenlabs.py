@@ -5,7 +5,7 @@ character timings) once the audio is complete; `.../{voice}/stream/with-timestam
 lines, one per piece of audio. The body: `{"text", "model_id", "language_code", "seed", "voice_settings"
 (its `speed` honoured), "apply_text_normalization"}`; what else it carries is accepted and named in
 `x-qwen3tts-ignored-fields`; `?output_format=` (default `mp3_44100_128`). Formats, voices, models and keys
-as the sockets take them (`api/protocols/elevenlabs.py`).
+as the sockets take them (`api/protocols/elevenlabs_sockets.py`).
 
 Text to dialogue, `POST /v1/text-to-dialogue[/stream][/with-timestamps]` and `.../stream/with-timestamps`,
 answers the same ways with the lines of `inputs` as one audio stream (`api/speaking/dialogue.py`; the with-
@@ -29,7 +29,7 @@ from api.errors import error_responses
 from api.limits import MAX_DIALOGUE_LINES
 from api.ops import headers
 from api.ops.clients import client_of
-from api.protocols.elevenlabs import HTTP_DEFAULT_FORMAT, OutputFormat, VoiceSettings, speech_fields
+from api.protocols.elevenlabs_sockets import HTTP_DEFAULT_FORMAT, OutputFormat, VoiceSettings, speech_fields
 from api.routes.speech import answer, respond, usage_accounting
 from api.schemas import MAX_ID_CHARS, MAX_INPUT_CHARS, MAX_LANGUAGE_CHARS, MAX_SEED, Identifier, SpokenText
 from api.speaking.alignment import TimedChars

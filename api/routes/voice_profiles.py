@@ -1,6 +1,6 @@
 """Cloned voices over HTTP: `POST /v1/audio/voices`, `DELETE /v1/audio/voices/{id}`.
 
-The profiles themselves, and which model speaks one, are `api/voices.py` (`StoredVoiceProfiles`,
+The profiles themselves, and which model speaks one, are `api/voice_resolution.py` (`StoredVoiceProfiles`,
 `model_for_voice`).
 
 Creating takes OpenAI's multipart fields (`name`, `audio_sample`; `consent` accepted and ignored),
@@ -26,9 +26,9 @@ from starlette.requests import ClientDisconnect
 from qwen3_tts_gguf.engine.scheduler import EngineBusy, EngineStopped
 from qwen3_tts_gguf.model.manifest import Manifest, ModelFolderError
 from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec, resolve_language
-from qwen3_tts_gguf.voices.clone import ReferenceAudioError
-from qwen3_tts_gguf.voices.design import Cancellation, VoiceDesignError, reference_text, speak_reference
-from qwen3_tts_gguf.voices.store import (
+from qwen3_tts_gguf.voicebank.clone import ReferenceAudioError
+from qwen3_tts_gguf.voicebank.design import Cancellation, VoiceDesignError, reference_text, speak_reference
+from qwen3_tts_gguf.voicebank.store import (
     VoiceExistsError,
     VoiceNotFoundError,
     VoiceProfile,
@@ -58,9 +58,9 @@ from api.schemas import (
 )
 from api.state import get_state
 from api.voice_jobs import ClientGone, voice_jobs_of
-from api.voices import StoredVoiceProfiles
+from api.voice_resolution import StoredVoiceProfiles
 
-log = logging.getLogger("api.voices")
+log = logging.getLogger("api.voice_resolution")
 router = APIRouter(tags=["voices"])
 
 MAX_MODEL_CHARS = 256

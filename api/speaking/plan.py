@@ -17,7 +17,7 @@ from api.errors import invalid_request, validation_error
 from api.ops import headers
 from api.registry import ServedModel
 from api.schemas import SpeechRequest
-from api.voices import ResolvedVoice, VoiceProfiles, resolve_voice
+from api.voice_resolution import ResolvedVoice, VoiceProfiles, resolve_voice
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from api.ops.lifecycle import PROCESS
 from api.schemas import SpeechRequest
 from api.speaking.plan import SpeechPlan, plan_speech
 from api.state import AppState
-from api.voices import model_for_voice
+from api.voice_resolution import model_for_voice
 
 
 def plan_request(state: AppState, body: SpeechRequest, ignored_fields: Sequence[str] | None = None) -> SpeechPlan:

@@ -28,7 +28,7 @@ from qwen3_tts_gguf.model.prompt import VoiceSpec
 from api.errors import APIError
 from api.registry import ServedModel
 from api.state import AppState
-from api.voices import resolve_voice
+from api.voice_resolution import resolve_voice
 
 log = logging.getLogger("api.speaking.warm_up")
 

@@ -5,7 +5,7 @@ kernels of its own). Each is pip-installed at its pinned version into a venv of 
 (`peers-venv-NAME`, reused while the version matches), so the project's .venv is untouched, and runs in a
 `bench.worker` session started with that venv's interpreter (this module's worker side needs only the standard
 library, numpy and the peer's package). Models: vox-tts converts the checkpoint with its own converter
-(`python -m vox.build`, in its venv); the qwentts.cpp wheel packages no converter, so `qwentts_gguf` writes its
+(`python -m vox.build`, in its venv); the qwentts.cpp wheel packages no converter, so `qwentts_cpp_files` writes its
 GGUF layout.
 
 Protocol, for every engine alike: 2 threads, EOS suppressed (ours `ignore_eos`; qwentts.cpp an EOS id out of the
@@ -123,7 +123,7 @@ def _shown(path: Path) -> str:
 
 
 def _writer_digest() -> str:
-    return hashlib.sha256((Path(__file__).parent / "qwentts_gguf.py").read_bytes()).hexdigest()[:10]
+    return hashlib.sha256((Path(__file__).parent / "qwentts_cpp_files.py").read_bytes()).hexdigest()[:10]
 
 
 def model_folder(peer: Peer, fmt: str, checkpoint: Path) -> Path:
@@ -145,7 +145,7 @@ def ensure_model(peer: Peer, fmt: str, checkpoint: Path, python: Path, log=print
     folder = model_folder(peer, fmt, checkpoint)
     names = {"talker": "talker.gguf", "codec": "codec.gguf"} if peer.key == "qwentts" else {"tmod": "model.tmod"}
     files = {k: str(folder / v) for k, v in names.items()}
-    how = (f"`bench/pipelines/qwentts_gguf.py` (talker + codec GGUF, {fmt}, EOS id out of reach)"
+    how = (f"`bench/pipelines/qwentts_cpp_files.py` (talker + codec GGUF, {fmt}, EOS id out of reach)"
            if peer.key == "qwentts" else
            f"`python -m vox.build --dtype {VOX_DTYPE} --quant {fmt} --no-hash` (vox-tts {peer.version})")
     done = folder / "done"
@@ -160,7 +160,7 @@ def ensure_model(peer: Peer, fmt: str, checkpoint: Path, python: Path, log=print
     t0 = time.perf_counter()
     try:
         if peer.key == "qwentts":
-            from bench.pipelines.qwentts_gguf import write_codec, write_talker
+            from bench.pipelines.qwentts_cpp_files import write_codec, write_talker
 
             write_codec(checkpoint, tmp / names["codec"], fmt)
             write_talker(checkpoint, tmp / names["talker"], fmt, suppress_eos=True)

@@ -3,7 +3,7 @@ kept busy, and the target of one and two busy processes."""
 
 from __future__ import annotations
 
-from qwen3_tts_gguf.runtime.cpus import SPIN_COUNT
+from qwen3_tts_gguf.host.cpus import SPIN_COUNT
 
 from bench.busy import LOADS as BUSY_LOADS
 from bench.common import FRAME_RATE, median
@@ -72,7 +72,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
       + f"; old waits: {busy.get('old_reps')}; a single run shows one figure); slowdown = median RTF under the load / "
       f"median RTF with no load in the same block. *Old spinning waits*: our engine with `{old_env}` and no spin "
       f"count, so llama.cpp's OpenMP threads spin at every barrier instead of sleeping (the engine caps the spin at "
-      f"{SPIN_COUNT} turns, GOMP_SPINCOUNT, when it loads llama.cpp, `qwen3_tts_gguf/runtime/cpus.py`); its own "
+      f"{SPIN_COUNT} turns, GOMP_SPINCOUNT, when it loads llama.cpp, `qwen3_tts_gguf/host/cpus.py`); its own "
       "unloaded run is its baseline."
       + (f" *One thread*: our engine with `threads=1` (every stage inline on one core), "
          f"{busy['one_reps']} runs." if busy.get("one_reps") else "") + "\n")
@@ -134,7 +134,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
           f"Runtime needs for the code predictor and the codec (the run kept {_f(oq, 2)} cores busy with no load, "
           f"against {_f(q, 2)}), so it is slower even with no load. Before its spin cap the engine left the variables "
           "unset, and libgomp then spins about 3 ms before sleeping: no slower than the cap on a quiet machine, but it "
-          "collapsed under load as well (`qwen3_tts_gguf/runtime/cpus.py` quotes RTF 2.9 quiet and 35 under `stress-ng "
+          "collapsed under load as well (`qwen3_tts_gguf/host/cpus.py` quotes RTF 2.9 quiet and 35 under `stress-ng "
           "--cpu 2`); so the quiet row overstates what the old default cost.\n")
 
     # -- targets -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
       "the next frames (a stream's first chunk still goes inline, for first audio): by default one call at a time "
       "on every core; with `--codec-threads 1`, calls of one thread each in lanes side by side (a lane per core; a "
       "stream keeps its lane, so its calls stay in order). Overlapped, a one-row talker step (one stream's) leaves "
-      "a core to a codec call in flight (`qwen3_tts_gguf/runtime/cpus.py`, `stage_threads`). The samples are the same "
+      "a core to a codec call in flight (`qwen3_tts_gguf/host/cpus.py`, `stage_threads`). The samples are the same "
       "every way (the codec carries its state; the tests hold chunked audio to one whole decode), except on OpenVINO "
       "(`--codec-runtime openvino`: the same graph compiled by another runtime, samples within fp32 rounding, *Codec "
       "precision*).\n")

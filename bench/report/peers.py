@@ -91,7 +91,7 @@ def render_peers(block: dict, standalone: bool = False) -> str:
         if natives:
             w(f"Native versions reported at load: {', '.join(sorted(map(str, natives)))}.\n")
     w("Caveats. **qwentts.cpp**: the wheel packages only the loader (it downloads converted files from a model hub), "
-      "so the bench writes its GGUF layout itself (`bench/pipelines/qwentts_gguf.py`: the upstream converter's "
+      "so the bench writes its GGUF layout itself (`bench/pipelines/qwentts_cpp_files.py`: the upstream converter's "
       "tensor names, keys and quantization policy: Q8_0 wherever rows split into blocks, conv kernels F16, RVQ and "
       "1-D tensors F32); its EOS is suppressed by an EOS id out of the sampler's reach in that file (it has no "
       "option for it); it feeds the text one token per frame (the official streaming layout) and allocates a "

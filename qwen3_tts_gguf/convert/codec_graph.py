@@ -321,7 +321,7 @@ class _CodecBuilder:
             "num_quantizers": str(cfg.num_quantizers),
             "codebook_size": str(cfg.codebook_size),
             "sliding_window": str(cfg.sliding_window),
-            "config": json.dumps(asdict(cfg)),  # every size and constant: what ggml/codec.py rebuilds the graph from
+            "config": json.dumps(asdict(cfg)),  # every size and constant: ggml/streaming_codec.py rebuilds the graph
         }
         return g.model(metadata, doc="Qwen3-TTS 12 Hz codec decoder, stateful streaming (see codec_graph.py)")
 

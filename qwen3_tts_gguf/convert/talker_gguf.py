@@ -23,7 +23,7 @@ import gguf
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
-from qwen3_tts_gguf.runtime.cpus import default_threads
+from qwen3_tts_gguf.host.cpus import default_threads
 
 QUANTS = ("f32", "bf16", "f16", "q8_0", "q5_k_m", "q4_k_m", "iq4_nl")
 _DIRECT = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
@@ -113,7 +113,7 @@ def _llama_quantize(src: Path, dst: Path, quant: str, threads: int, keep: list[s
     """llama.cpp's quantizer, the GGUF tensors `keep` left F32."""
     import llama_cpp
 
-    from qwen3_tts_gguf.runtime.cpus import quiet_llama_logs
+    from qwen3_tts_gguf.host.cpus import quiet_llama_logs
 
     quiet_llama_logs()
     params = llama_cpp.llama_model_quantize_default_params()

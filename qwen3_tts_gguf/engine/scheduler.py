@@ -49,11 +49,11 @@ from qwen3_tts_gguf.engine.request import SynthesisRequest
 from qwen3_tts_gguf.engine.runaway import RUNAWAY_COUNTS
 from qwen3_tts_gguf.engine.stream import Stream
 from qwen3_tts_gguf.engine.text_sources import FedText, FixedText
+from qwen3_tts_gguf.host import heap
 from qwen3_tts_gguf.model.codec import CodecState
 from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, Prompt
 from qwen3_tts_gguf.model.talker import Talker
-from qwen3_tts_gguf.runtime import heap
 from qwen3_tts_gguf.text.normalization import NormalizedText, normalize_text
 
 log = logging.getLogger("qwen3_tts_gguf.engine")

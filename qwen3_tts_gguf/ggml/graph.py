@@ -56,7 +56,7 @@ class Backend:
                 found = d
                 break
         if found is None:
-            from qwen3_tts_gguf.runtime.devices import llama_runtime
+            from qwen3_tts_gguf.host.devices import llama_runtime
 
             raise GgmlError(f"no ggml device {wanted!r} (this build has: "
                             f"{', '.join(d.name for d in llama_runtime().devices)})")

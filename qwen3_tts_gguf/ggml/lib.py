@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 from functools import cache
 
-from qwen3_tts_gguf.runtime.devices import llama_library_dir
+from qwen3_tts_gguf.host.devices import llama_library_dir
 
 GGML_MAX_DIMS = 4
 TYPE_F32, TYPE_F16, TYPE_I32 = 0, 1, 26
@@ -100,7 +100,7 @@ def _open(folder, stem: str) -> ctypes.CDLL:
 def ggml() -> "_Namespace":
     """The declared functions of llama_cpp's libggml-base and libggml, loaded after llama_cpp (the same
     copies, so the same backend registry). GgmlLibraryError names what is missing."""
-    from qwen3_tts_gguf.runtime.cpus import import_llama
+    from qwen3_tts_gguf.host.cpus import import_llama
 
     import_llama()
     folder = llama_library_dir()

@@ -90,8 +90,8 @@ class CodecDecoder:
     def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu",
                  max_call_frames: int = MAX_CALL_FRAMES, runtime: str = "onnxruntime", lanes: int = 1):
         if runtime == "openvino":
+            from qwen3_tts_gguf.host.cpus import default_threads
             from qwen3_tts_gguf.model.openvino_session import OpenVINOSession
-            from qwen3_tts_gguf.runtime.cpus import default_threads
 
             self.session = OpenVINOSession(path, threads=default_threads(threads), streams=lanes)
             meta = self.session.metadata

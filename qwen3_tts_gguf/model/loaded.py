@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from qwen3_tts_gguf.host.cpus import StageThreads, default_threads, stage_threads
+from qwen3_tts_gguf.host.heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD, map_large_blocks, release_freed_heap
 from qwen3_tts_gguf.model.manifest import (
     CODEC_FILE,
     LLAMA_STAGES_FILE,
@@ -19,10 +21,8 @@ from qwen3_tts_gguf.model.manifest import TEXT_TABLES_FILE as TEXT_TABLES
 from qwen3_tts_gguf.model.onnx_session import resolve_device
 from qwen3_tts_gguf.model.openvino_session import check_codec_runtime
 from qwen3_tts_gguf.model.prompt import PromptBuilder
-from qwen3_tts_gguf.model.runtimes import StageRuntimeError, StageRuntimes, check_stage_runtimes, resolve
+from qwen3_tts_gguf.model.stage_runtimes import StageRuntimeError, StageRuntimes, check_stage_runtimes, resolve
 from qwen3_tts_gguf.model.tokenizer import TextTokenizer
-from qwen3_tts_gguf.runtime.cpus import StageThreads, default_threads, stage_threads
-from qwen3_tts_gguf.runtime.heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD, map_large_blocks, release_freed_heap
 
 KV_CELLS_PER_STREAM = 1024
 """Talker KV cells per configured stream when `n_ctx` is not given, never fewer than MIN_KV_CELLS in all
@@ -80,7 +80,7 @@ class EngineSettings:
     kv_cache: str = "q8_0"  # talker KV cache precision, talker.KV_CACHE_TYPES (deterministic: always f32)
     # bytes from which malloc maps blocks on their own (heap.py); 0: glibc's choice
     heap_map_threshold: int = MAP_THRESHOLD
-    # what runs the code predictor and the codec (runtimes.py): auto (the project's ggml graphs when the talker
+    # what runs the code predictor and the codec (stage_runtimes.py): auto (the project's ggml graphs when the talker
     # is on a GPU ONNX Runtime cannot use, else ONNX Runtime), onnxruntime, ggml; the codec also openvino
     # (faster on a CPU, more memory; not deterministic)
     cp_runtime: str = "auto"
@@ -182,7 +182,7 @@ class LoadedModel:
 
         def load_codec() -> CodecDecoder:
             if self.runtimes.codec == "ggml":
-                from qwen3_tts_gguf.ggml.codec import GgmlCodecError
+                from qwen3_tts_gguf.ggml.streaming_codec import GgmlCodecError
 
                 try:
                     return self._load_ggml_codec(threads.codec)
@@ -236,7 +236,7 @@ class LoadedModel:
     def _ggml_backend(self, threads: int):
         """The ggml backend both ggml stages share: the talker's first GPU (the CPU without one), and its locks."""
         from qwen3_tts_gguf.ggml.graph import Backend
-        from qwen3_tts_gguf.runtime.locks import talker_device_locks
+        from qwen3_tts_gguf.host.locks import talker_device_locks
 
         locks = talker_device_locks(self.settings.gpu_layers)
         if getattr(self, "ggml_backend", None) is None:
@@ -245,14 +245,14 @@ class LoadedModel:
 
     def _load_ggml_codec(self, threads: int):
         """The streaming codec on the project's ggml graphs."""
-        from qwen3_tts_gguf.ggml.codec import GgmlCodec
+        from qwen3_tts_gguf.ggml.streaming_codec import GgmlCodec
 
         backend, locks = self._ggml_backend(threads)
         return GgmlCodec(self.folder / CODEC_FILE, backend, device_locks=locks)
 
     def _load_ggml_predictor(self, threads: int):
         """The batched code predictor on the project's ggml graphs (the llama stages file's weights)."""
-        from qwen3_tts_gguf.ggml.predictor import GgmlCodePredictor
+        from qwen3_tts_gguf.ggml.batched_predictor import GgmlCodePredictor
 
         backend, locks = self._ggml_backend(threads)
         return GgmlCodePredictor(self.folder / LLAMA_STAGES_FILE, backend, device_locks=locks,

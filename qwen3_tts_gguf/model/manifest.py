@@ -24,7 +24,7 @@ CODEC_FILE = "codec_decoder.onnx"
 TEXT_TABLES_FILE = "text_tables.safetensors"
 SPEAKER_ENCODER_FILE = "speaker_encoder.onnx"  # Base models only
 CODEC_ENCODER_FILE = "codec_encoder.onnx"  # Base models only
-# the code predictor (read by the ggml code predictor, ggml/predictor.py), codec decoder and speaker encoder in
+# the code predictor (read by the ggml code predictor, ggml/batched_predictor.py), codec decoder and speaker encoder in
 # the layout llama.cpp's libmtmd loads, where the checkpoint's codec has the shape llama.cpp hard-codes (every
 # published one; convert/llama_stages.py)
 LLAMA_STAGES_FILE = "llama_stages.gguf"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from qwen3_tts_gguf.runtime.cpus import default_threads
-from qwen3_tts_gguf.runtime.devices import ONNX_DEVICES
+from qwen3_tts_gguf.host.cpus import default_threads
+from qwen3_tts_gguf.host.devices import ONNX_DEVICES
 
 DEVICE_PROVIDERS: dict[str, str] = {
     "cpu": "CPUExecutionProvider",
@@ -185,7 +185,7 @@ def make_session(path: str | Path, *, threads: int | None = None,
                               f"{', '.join(used)}); see `python -m qwen3_tts_gguf doctor`")
     if dev.name == "cpu":
         return session
-    from qwen3_tts_gguf.runtime.locks import onnx_device_lock
+    from qwen3_tts_gguf.host.locks import onnx_device_lock
 
     lock = onnx_device_lock(dev.name, dev.provider)
     return DeviceSession(session, lock) if lock is not None else session

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen3_tts_gguf.model.runtimes import CODEC_RUNTIMES, CodecRuntimeError  # noqa: F401 (CodecRuntimeError: its home for callers)
-from qwen3_tts_gguf.paths import PROJECT_ROOT  # where the cache-filling child imports this package from
+from qwen3_tts_gguf.data_dirs import PROJECT_ROOT  # where the cache-filling child imports this package from
+from qwen3_tts_gguf.model.stage_runtimes import CODEC_RUNTIMES, CodecRuntimeError  # noqa: F401 (CodecRuntimeError: its home for callers)
 
 log = logging.getLogger("qwen3_tts_gguf.model.openvino_session")
 
@@ -63,7 +63,7 @@ def check_codec_runtime(runtime: str, device: str = "cpu", deterministic: bool =
     start-up plan ("" for ONNX Runtime, which `--device` already describes)."""
     if runtime not in CODEC_RUNTIMES:
         raise CodecRuntimeError(f"--codec-runtime {runtime!r}: expected one of {', '.join(CODEC_RUNTIMES)}")
-    if runtime != "openvino":  # the others' checks: model/runtimes.py
+    if runtime != "openvino":  # the others' checks: model/stage_runtimes.py
         return ""
     version = openvino_version()
     if version is None:

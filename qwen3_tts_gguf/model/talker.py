@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qwen3_tts_gguf.runtime.cpus import default_threads, import_llama, quiet_llama_logs
+from qwen3_tts_gguf.host.cpus import default_threads, import_llama, quiet_llama_logs
 
 log = logging.getLogger("qwen3_tts_gguf.model.talker")
 
@@ -132,13 +132,13 @@ class Talker:
         self._L = L
         self.settings = settings
         if settings.gpu_layers:
-            from qwen3_tts_gguf.runtime.devices import DeviceError, check_gpu_layers
+            from qwen3_tts_gguf.host.devices import DeviceError, check_gpu_layers
 
             try:  # llama.cpp itself would put every layer on the CPU without a word
                 check_gpu_layers(settings.gpu_layers)
             except DeviceError as e:
                 raise TalkerError(str(e)) from e
-        from qwen3_tts_gguf.runtime.locks import talker_device_locks
+        from qwen3_tts_gguf.host.locks import talker_device_locks
 
         # one lock per GPU device for every model in the process (locks.DeviceLock); none on the CPU
         self._device_locks = talker_device_locks(settings.gpu_layers)
@@ -326,7 +326,7 @@ class Talker:
     def _devices(self):
         """Held around a call that runs the model or touches the KV cache's memory: this talker's GPU devices
         (none on a CPU)."""
-        from qwen3_tts_gguf.runtime.locks import hold_devices
+        from qwen3_tts_gguf.host.locks import hold_devices
 
         return hold_devices(self._device_locks)
 

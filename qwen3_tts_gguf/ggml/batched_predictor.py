@@ -28,9 +28,9 @@ import numpy as np
 from qwen3_tts_gguf.convert.predictor_graph import rope_tables
 from qwen3_tts_gguf.ggml.graph import Backend, GgmlStage, GraphCache, Ops, Weights
 from qwen3_tts_gguf.ggml.lib import TYPE_F16, TYPE_F32, TYPE_I32
+from qwen3_tts_gguf.host.locks import DeviceLock, hold_devices
 from qwen3_tts_gguf.model.predictor import NUM_STEPS, PredictorOutput, uniform_draws
 from qwen3_tts_gguf.model.sampler import SamplingParams
-from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 
 ROPE_THETA = 1e6  # the code predictor's (convert/llama_stages.CODE_PREDICTOR_ROPE_THETA: a file holds no other)
 MAX_GRAPHS = 16

@@ -291,7 +291,7 @@ class VoiceCloner:
     def create_profile(self, name: str, audio: AudioSource, *, ref_text: str | None = None,
                        language: str = "auto", trailing_silence: float = 0.5):
         """A `voices.VoiceProfile` for this model: ICL when `ref_text` is given, else x-vector only."""
-        from qwen3_tts_gguf.voices.store import VoiceProfile
+        from qwen3_tts_gguf.voicebank.store import VoiceProfile
 
         xvec, codes = self.extract(audio, trailing_silence=trailing_silence)
         icl = bool(ref_text and ref_text.strip())

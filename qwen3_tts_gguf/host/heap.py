@@ -22,7 +22,7 @@ import ctypes
 import logging
 import os
 
-log = logging.getLogger("qwen3_tts_gguf.runtime.heap")
+log = logging.getLogger("qwen3_tts_gguf.host.heap")
 
 MAP_THRESHOLD = 1 << 20
 """Bytes from which glibc maps a block on its own (EngineSettings.heap_map_threshold's default)."""

@@ -257,7 +257,7 @@ class VoiceStore:
 
     def __init__(self, folder: str | os.PathLike | None = None):
         if folder is None:
-            from qwen3_tts_gguf.paths import voices_dir
+            from qwen3_tts_gguf.data_dirs import voices_dir
 
             folder = voices_dir()
         self.folder = Path(folder)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
-from qwen3_tts_gguf.runtime.devices import llama_runtime
+from qwen3_tts_gguf.host.devices import llama_runtime
 
 
 class DeviceLock:

@@ -31,8 +31,8 @@ import numpy as np
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
 from qwen3_tts_gguf.ggml.graph import Backend, GgmlStage, Graph, GraphCache, Ops, Weights, dims
 from qwen3_tts_gguf.ggml.lib import TYPE_F32
+from qwen3_tts_gguf.host.locks import DeviceLock, hold_devices
 from qwen3_tts_gguf.model.codec import CodecState, checked_codes, decode_in_calls, split_states, stack_states
-from qwen3_tts_gguf.runtime.locks import DeviceLock, hold_devices
 
 MAX_CALL_FRAMES = 16
 """Frames (streams x frames) of one call at most; longer input is decoded in pieces, the state carried."""

@@ -74,9 +74,9 @@ from api.speaking.start import plan_request
 from api.speaking.timings import spoken_end
 from api.speaking.utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
 from api.state import AppState
-from api.voices import language_of
+from api.voice_resolution import language_of
 
-log = logging.getLogger("api.protocols.elevenlabs")
+log = logging.getLogger("api.protocols.elevenlabs_sockets")
 
 router = APIRouter(tags=["audio"])
 

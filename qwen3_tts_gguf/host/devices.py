@@ -1,6 +1,6 @@
 """Which devices this installation has: the llama.cpp backends and devices, the Vulkan loader's view,
 and the checks of `--gpu-layers` (the `doctor` report is `qwen3_tts_gguf/doctor.py`; the per-device
-locks `runtime/locks.py`).
+locks `host/locks.py`).
 
 llama-cpp-python's bindings expose `llama_supports_gpu_offload` and `llama_print_system_info` but not
 ggml's backend registry; that is read here through ctypes from the same libggml that llama_cpp loaded
@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen3_tts_gguf.runtime.cpus import import_llama
+from qwen3_tts_gguf.host.cpus import import_llama
 
 ONNX_DEVICES = ("cpu", "auto", "cuda", "dml", "coreml", "openvino", "webgpu")
 """What `--device` accepts (onnx_session.DEVICE_PROVIDERS maps each to its execution provider)."""
@@ -108,7 +108,7 @@ def _ggml() -> ctypes.CDLL:
 
 def llama_runtime() -> LlamaRuntime:
     """Backends and devices of the llama.cpp this Python loads (the registry is filled on first use)."""
-    from qwen3_tts_gguf.runtime.cpus import quiet_llama_logs
+    from qwen3_tts_gguf.host.cpus import quiet_llama_logs
 
     L = import_llama()
 

@@ -12,7 +12,7 @@ Rules by model type (manifest.model_type):
 - base (voice cloning): only voice profiles speak.
 
 `StoredVoiceProfiles` is the server's `VoiceProfiles`: profiles in the voices folder
-(`qwen3_tts_gguf.voices.store.VoiceStore`), used by name from any request (`voice="alice"` or
+(`qwen3_tts_gguf.voicebank.store.VoiceStore`), used by name from any request (`voice="alice"` or
 `{"id": "alice"}`). A profile names the Base model it was made with: a request whose `model` is
 the default or one of OpenAI's aliases speaks with that model (`model_for_voice`). They are created
 and deleted over HTTP in `api/routes/voice_profiles.py`.
@@ -27,8 +27,8 @@ from typing import Protocol
 
 from qwen3_tts_gguf.model.manifest import Manifest
 from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec, resolve_language
-from qwen3_tts_gguf.voices.clone import VoiceCloner
-from qwen3_tts_gguf.voices.store import VoiceNotFoundError, VoiceProfile, VoiceProfileError, VoiceStore
+from qwen3_tts_gguf.voicebank.clone import VoiceCloner
+from qwen3_tts_gguf.voicebank.store import VoiceNotFoundError, VoiceProfile, VoiceProfileError, VoiceStore
 
 from api.errors import invalid_request
 from api.registry import OPENAI_MODEL_ALIASES, ModelRegistry, ServedModel
@@ -96,7 +96,7 @@ OFFICIAL_SPEAKERS: dict[str, SpeakerInfo] = {
 
 
 class VoiceProfiles(Protocol):
-    """Saved voice profiles (voices/, `qwen3_tts_gguf.voices.store.VoiceStore`): the Voices issue
+    """Saved voice profiles (voices/, `qwen3_tts_gguf.voicebank.store.VoiceStore`): the Voices issue
     implements this and passes it to `create_app(voice_profiles=...)`.
 
     A profile is looked up before speaker names and OpenAI names, for every model type.
