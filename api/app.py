@@ -10,9 +10,8 @@ from fastapi import APIRouter, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from qwen3_tts_gguf import __version__
+from qwen3_tts_gguf import VoiceStore, __version__
 from qwen3_tts_gguf.host.cpus import usable_cpus
-from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from api.config import ServerConfig
 from api.errors import install_error_handlers

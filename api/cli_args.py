@@ -12,9 +12,10 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
+from qwen3_tts_gguf import EngineSettings
 from qwen3_tts_gguf.env_flags import env_name
 from qwen3_tts_gguf.flags import PORT, SECONDS, add_device_args, add_runaway_args, number, threads_flag
-from qwen3_tts_gguf.model.loaded import MAX_BUFFERED_AUDIO_S, MAX_PENDING, MAX_PREFIX_CACHE, MAX_STREAMS, EngineSettings
+from qwen3_tts_gguf.model.settings import MAX_BUFFERED_AUDIO_S, MAX_PENDING, MAX_PREFIX_CACHE, MAX_STREAMS
 
 from api.limits import ServerLimits, resume_window
 from api.ops.path_prefix import path_prefix

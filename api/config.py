@@ -10,8 +10,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
+from qwen3_tts_gguf import EngineSettings
 from qwen3_tts_gguf.data_dirs import PROJECT_ROOT, voices_dir
-from qwen3_tts_gguf.model.loaded import EngineSettings
 
 from api.limits import ServerLimits
 from api.ops.clients import parse_networks

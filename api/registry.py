@@ -20,9 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3_tts_gguf.engine.scheduler import Engine, EngineHealth
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
-from qwen3_tts_gguf.model.manifest import MANIFEST, Manifest
+from qwen3_tts_gguf import Engine, EngineHealth, EngineSettings, LoadedModel, Manifest
+from qwen3_tts_gguf.model.manifest import MANIFEST
 
 from api.errors import model_not_found
 

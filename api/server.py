@@ -8,9 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from qwen3_tts_gguf import ModelFolderError, VoiceStore
 from qwen3_tts_gguf.data_dirs import installed_models, model_base_dir
-from qwen3_tts_gguf.model.manifest import ModelFolderError
-from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from api.app import create_app
 from api.config import ServerConfig, engine_settings_from_args

@@ -25,10 +25,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from qwen3_tts_gguf.model.manifest import Manifest
-from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec, resolve_language
-from qwen3_tts_gguf.voicebank.clone import VoiceCloner
-from qwen3_tts_gguf.voicebank.store import VoiceNotFoundError, VoiceProfile, VoiceProfileError, VoiceStore
+from qwen3_tts_gguf import (
+    Manifest,
+    PromptError,
+    VoiceCloner,
+    VoiceNotFoundError,
+    VoiceProfile,
+    VoiceProfileError,
+    VoiceSpec,
+    VoiceStore,
+)
+from qwen3_tts_gguf.model.prompt import resolve_language
 
 from api.errors import invalid_request
 from api.registry import OPENAI_MODEL_ALIASES, ModelRegistry, ServedModel

@@ -30,10 +30,11 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     from qwen3_tts_gguf.host.heap import map_large_blocks, release_freed_heap
     from qwen3_tts_gguf.model.codec import CodecDecoder
     from qwen3_tts_gguf.model.embeddings import EmbeddingTables
-    from qwen3_tts_gguf.model.loaded import EngineSettings, predictor_file, talker_settings
+    from qwen3_tts_gguf.model.loaded import predictor_file, talker_settings
     from qwen3_tts_gguf.model.manifest import CODEC_FILE, TALKER_FILE, TEXT_TABLES_FILE, load_manifest
     from qwen3_tts_gguf.model.predictor import CodePredictor
     from qwen3_tts_gguf.model.prompt import PromptBuilder, VoiceSpec
+    from qwen3_tts_gguf.model.settings import EngineSettings
     from qwen3_tts_gguf.model.talker import Talker
     from qwen3_tts_gguf.model.tokenizer import TextTokenizer
 
@@ -66,8 +67,9 @@ def peak(model_dir: str, threads: int, kv_cache: str, frames: int) -> dict:
     """The engine as served (LoadedModel, max_streams 8) with eight streams at once: peak RSS (MiB)."""
     from qwen3_tts_gguf.engine.request import SynthesisRequest
     from qwen3_tts_gguf.engine.scheduler import Engine
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
     from qwen3_tts_gguf.model.prompt import VoiceSpec
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     model = LoadedModel(model_dir, EngineSettings(threads=threads, max_streams=STREAMS, kv_cache=kv_cache))
     loaded = rss_mb()

@@ -28,7 +28,7 @@ CHUNKS = (1, 2, 4, 8)
 
 def _chunks(frames: int) -> list[int]:
     """The engine's chunk sizes for an utterance of `frames` frames (its default ramp, chunking.ChunkPlan)."""
-    from qwen3_tts_gguf.model.loaded import EngineSettings
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     ramp = EngineSettings.chunk_frames
     sizes, at = [], 0

@@ -174,7 +174,8 @@ def _cmd_voice(args: argparse.Namespace) -> int:
                                             trailing_silence=args.trailing_silence)
         else:  # design
             from qwen3_tts_gguf.engine.scheduler import Engine
-            from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+            from qwen3_tts_gguf.model.loaded import LoadedModel
+            from qwen3_tts_gguf.model.settings import EngineSettings
             from qwen3_tts_gguf.voicebank.design import reference_text, speak_reference
 
             text = args.text or reference_text(args.language)
@@ -219,9 +220,10 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from qwen3_tts_gguf.engine.request import SynthesisRequest
     from qwen3_tts_gguf.engine.scheduler import Engine
     from qwen3_tts_gguf.host.devices import DeviceError
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
     from qwen3_tts_gguf.model.manifest import ModelFolderError
     from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     profile = _find_profile(args.voice, args.voices_dir, args.model)
     folder = args.model or (model_for_profile(profile) if profile else resolve_model_dir(None))

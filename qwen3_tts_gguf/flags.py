@@ -33,7 +33,7 @@ SEED = number(int, 0, 2**63 - 1)
 
 def threads_flag(purpose: str = "") -> dict:
     """--threads of every command: 0 (the CPUs this process may use) to MAX_THREADS."""
-    from qwen3_tts_gguf.model.loaded import MAX_THREADS
+    from qwen3_tts_gguf.model.settings import MAX_THREADS
 
     return dict(type=number(int, 0, MAX_THREADS), default=0, metavar="N",
                 help=f"{purpose or 'CPU threads'} (default 0: the CPUs this process may use: affinity mask and "
@@ -42,7 +42,7 @@ def threads_flag(purpose: str = "") -> dict:
 
 def add_runaway_args(p: argparse.ArgumentParser) -> None:
     """The runaway guard (speak and serve alike): what a segment whose codebook 0 loops gets."""
-    from qwen3_tts_gguf.model.loaded import MAX_RUNAWAY_RETRIES, RUNAWAY_ACTIONS, EngineSettings
+    from qwen3_tts_gguf.model.settings import MAX_RUNAWAY_RETRIES, RUNAWAY_ACTIONS, EngineSettings
 
     p.add_argument("--runaway", choices=RUNAWAY_ACTIONS, default=EngineSettings.runaway,
                    help="a segment whose codebook 0 falls into a loop (a phrase or a sound repeated): end it where "
@@ -58,7 +58,7 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     """Where and how the engine runs: the devices and the talker's KV cache (speak and serve alike)."""
     from qwen3_tts_gguf.host.devices import ONNX_DEVICES, parse_gpu_layers
     from qwen3_tts_gguf.host.heap import MAP_THRESHOLD, MAX_MAP_THRESHOLD
-    from qwen3_tts_gguf.model.loaded import KV_CELLS_PER_STREAM, MAX_KV_CELLS, MAX_THREADS, MIN_KV_CELLS
+    from qwen3_tts_gguf.model.settings import KV_CELLS_PER_STREAM, MAX_KV_CELLS, MAX_THREADS, MIN_KV_CELLS
     from qwen3_tts_gguf.model.stage_runtimes import CODEC_RUNTIMES, CP_RUNTIMES
     from qwen3_tts_gguf.model.talker import KV_CACHE_TYPES
 

@@ -131,7 +131,8 @@ def runtimes(cpu: bool) -> list[tuple[str, dict]]:
 
 def start_engine(folder: Path, **settings):
     from qwen3_tts_gguf.engine.scheduler import Engine
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     return Engine(LoadedModel(folder, EngineSettings(**{"max_streams": 2, "n_ctx": 2048, **settings}))).start()
 

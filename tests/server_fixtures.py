@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ServerConfig, create_app
 from api.testing import ServerThread

@@ -28,9 +28,9 @@ import soundfile
 
 from qwen3_tts_gguf.audio.encoding import to_s16
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.model.loaded import EngineSettings
 from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.registry import OPENAI_MODEL_ALIASES

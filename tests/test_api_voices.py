@@ -15,7 +15,7 @@ try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
 except ImportError:  # pragma: no cover
     import httpx
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from tests.server_fixtures import FixtureValue, server_fixtures

@@ -17,7 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ModelRegistry, ServerConfig, create_app
 
@@ -165,6 +165,31 @@ def test_modules_are_imported_under_their_own_names():
                 renamed += [(name, f"{node.module}.{a.name}", a.asname) for a in node.names
                             if a.asname and not a.asname.startswith(a.name) and f"{node.module}.{a.name}" in modules]
     assert renamed == [], renamed
+
+
+def test_the_engine_has_one_face_and_the_server_uses_it():
+    """`qwen3_tts_gguf` exports what a user of the library needs, each name from the module that defines it, and
+    imports none of them until it is used; `api/` takes those names from the face, never from their modules."""
+    import subprocess
+    import sys
+
+    import qwen3_tts_gguf
+
+    face = qwen3_tts_gguf._WHERE
+    assert qwen3_tts_gguf.__all__ == sorted(face)
+    for name, module in face.items():
+        value = getattr(qwen3_tts_gguf, name)
+        assert value.__module__ == module and value.__name__ == name, (name, module)
+    loaded = subprocess.run([sys.executable, "-c", "import sys, qwen3_tts_gguf; "
+                             "print(sorted(m for m in sys.modules if m.startswith('qwen3_tts_gguf.')))"],
+                            capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip()
+    assert loaded == "[]"
+    around = []
+    for path in _sources("api", "*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("qwen3_tts_gguf."):
+                around += [(str(path.relative_to(ROOT)), node.module, a.name) for a in node.names if a.name in face]
+    assert around == [], around
 
 
 @pytest.fixture(scope="module")

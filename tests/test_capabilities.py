@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover
 import jsonschema
 import pytest
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits

@@ -80,8 +80,9 @@ def speak(model_dir, runtime: str, texts: list[str], frames: int,
     (seeds 5, 6, ...)."""
     from qwen3_tts_gguf.engine.request import SynthesisRequest
     from qwen3_tts_gguf.engine.scheduler import Engine
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
     from qwen3_tts_gguf.model.prompt import VoiceSpec
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     model = LoadedModel(model_dir, EngineSettings(threads=2, max_streams=2, codec_runtime=runtime,
                                                   codec_threads=1 if lanes > 1 else 0))
@@ -171,7 +172,8 @@ def test_two_streams_in_two_lanes_speak_as_they_do_on_onnx_runtime(tiny_cv_f32):
 
 def test_an_engine_built_without_the_start_up_check_refuses_too(tiny_cv_f32):
     """LoadedModel itself refuses what `check_device_settings` refuses at start, before loading."""
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     with pytest.raises(CodecRuntimeError, match="parity profile"):
         LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=1, deterministic=True, codec_runtime="openvino"))
@@ -183,7 +185,8 @@ def test_the_codec_on_openvino_loads_before_the_talker(tiny_cv_f32, monkeypatch)
     """Its import maps the whole cached blob for a moment (openvino_session.py): first, while the
     process holds little else. ONNX Runtime's codec keeps the engine's order (after the talker)."""
     from qwen3_tts_gguf.model import talker as talker_module
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     order = []
     real_talker = talker_module.Talker
@@ -200,8 +203,9 @@ def test_the_codec_on_openvino_loads_before_the_talker(tiny_cv_f32, monkeypatch)
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 def test_a_corrupt_codec_graph_is_a_model_folder_error(tiny_cv_f32, tmp_path, runtime):
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
     from qwen3_tts_gguf.model.manifest import CODEC_FILE, ModelFolderError
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_cv_f32, folder, ignore=shutil.ignore_patterns(".openvino"))

@@ -16,9 +16,10 @@ from qwen3_tts_gguf.convert import pipeline
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint, CheckpointError
 from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
 from qwen3_tts_gguf.convert.random_checkpoint import make_random_checkpoint
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.manifest import ModelFolderError, load_manifest
 from qwen3_tts_gguf.model.safetensors_io import SafetensorsFile, write_safetensors
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from tests.conftest import ROOT
 

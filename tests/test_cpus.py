@@ -143,7 +143,8 @@ def test_the_engine_gives_each_stage_its_threads(tiny_cv_f32):
     """With codec calls of one thread on 2 cores, each codec call has 1 (in two lanes); by default 2.
     llama.cpp and the code predictor have 2 (one-row steps drop to 1 only beside a codec call: the
     scheduler test below)."""
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     for codec_threads, expected in ((1, (2, 2, 2, 1)), (0, (2, 2, 2, 2))):
         model = LoadedModel(tiny_cv_f32, EngineSettings(threads=2, max_streams=2, codec_threads=codec_threads))
@@ -167,8 +168,9 @@ def test_a_step_leaves_a_core_to_a_codec_call_in_flight(converted_factory, monke
 
     from qwen3_tts_gguf.engine.request import SynthesisRequest
     from qwen3_tts_gguf.engine.scheduler import Engine
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
     from qwen3_tts_gguf.model.prompt import VoiceSpec
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     folder = converted_factory("small_cv", "q8_0", "int8") if model_name == "small_cv" else converted_factory("tiny_cv")
     model = LoadedModel(folder, EngineSettings(threads=2, max_streams=2, codec_threads=codec_threads))

@@ -24,6 +24,7 @@ from qwen3_tts_gguf.host.devices import GPU_LAYERS_ALL, BackendDevice, DeviceErr
 from qwen3_tts_gguf.model import onnx_session
 
 from api.config import engine_settings_from_args
+from api.ops.metrics import device_lock_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_BUILD = bool(devices.llama_runtime().gpu_backends)
@@ -285,7 +286,7 @@ def test_a_device_lock_serialises_and_counts_the_wait():
     stats = locks.device_lock_stats()["TestGPU0"]
     assert stats["acquisitions"] == 3
     assert stats["waited_s"] >= 0.05 * 2 and stats["held_s"] >= 0.15 and stats["max_wait_s"] >= 0.05
-    lines = locks.prometheus_lines()
+    lines = device_lock_lines()
     assert "# TYPE qtts_device_wait_seconds_total counter" in lines
     assert any(line.startswith('qtts_device_wait_seconds_total{device="TestGPU0"} ') for line in lines)
     # sessions on the CPU take no lock; a CUDA session shares llama.cpp's CUDA0 lock

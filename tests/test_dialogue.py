@@ -21,7 +21,7 @@ import pytest
 import soundfile
 
 from qwen3_tts_gguf.engine.request import SynthesisResult
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ServerConfig
 from api.limits import ServerLimits

@@ -9,9 +9,10 @@ import pytest
 
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.engine.scheduler import Engine
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from tests.llm_text import PAUSE_S, llm_deltas
 from tests.reference.runner import official_generate
@@ -398,7 +399,7 @@ def test_the_largest_chunk_is_due_before_a_stream_stops_for_its_codec(converted_
     """A stream with MAX_CHUNK_FRAMES frames waiting for the codec steps no more: its chunk must be due then."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from qwen3_tts_gguf.model.loaded import MAX_CHUNK_FRAMES
+    from qwen3_tts_gguf.model.settings import MAX_CHUNK_FRAMES
 
     settings = EngineSettings(deterministic=True, max_streams=1, threads=1, chunk_frames=(MAX_CHUNK_FRAMES,))
     model = LoadedModel(converted_factory("tiny_cv", "f32"), settings)

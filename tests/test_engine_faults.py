@@ -12,9 +12,10 @@ import pytest
 
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.engine.scheduler import Engine, EngineBusy, EngineStopped
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, PromptError, VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.model.talker import TalkerError
 
 from tests.waiting import wait_until

@@ -204,7 +204,7 @@ def test_a_number_outside_its_domain_is_a_usage_error(capsys, argv):
 
 
 def test_engine_settings_keep_their_domains():
-    from qwen3_tts_gguf.model.loaded import MAX_KV_CELLS, MAX_STREAMS, EngineSettings
+    from qwen3_tts_gguf.model.settings import MAX_KV_CELLS, MAX_STREAMS, EngineSettings
 
     EngineSettings(threads=0, max_streams=MAX_STREAMS, max_pending=0, max_pending_live=0, prefix_cache=0)
     for bad in (dict(threads=-1), dict(max_streams=0), dict(max_streams=MAX_STREAMS + 1), dict(max_pending=-1),

@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover
     import httpx
 
 from qwen3_tts_gguf.audio.encoding import StreamingEncoder, to_s16
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.model.talker import TalkerError
 
 from tests.server_fixtures import server_fixtures

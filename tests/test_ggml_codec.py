@@ -20,9 +20,10 @@ import pytest
 from qwen3_tts_gguf.ggml.graph import Backend
 from qwen3_tts_gguf.ggml.streaming_codec import GgmlCodec
 from qwen3_tts_gguf.model.codec import CodecDecoder, split_states, stack_states
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.manifest import CODEC_FILE, MANIFEST, Manifest, ModelFolderError, file_entries, load_manifest
 from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.model.stage_runtimes import resolve
 
 from tests.conftest import converted_preset

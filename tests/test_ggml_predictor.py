@@ -18,11 +18,12 @@ from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.engine.scheduler import Engine
 from qwen3_tts_gguf.ggml.batched_predictor import GgmlCodePredictor
 from qwen3_tts_gguf.ggml.graph import Backend
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, PREDICTOR_FILE, ModelFolderError, load_manifest
 from qwen3_tts_gguf.model.predictor import CodePredictor
 from qwen3_tts_gguf.model.prompt import ReferencePrompt, VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.model.stage_runtimes import StageRuntimeError
 
 from tests.greedy_agreement import assert_greedy_codes_agree, recording

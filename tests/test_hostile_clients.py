@@ -39,7 +39,7 @@ import pytest
 import soundfile
 from websockets.exceptions import ConnectionClosed
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.voicebank.store import VoiceStore
 
 from api import ModelRegistry, ServerConfig, create_app

@@ -25,7 +25,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.voicebank.store import NAME_RE
 
 from api import ServerConfig, create_app

@@ -14,7 +14,7 @@ import json
 import pytest
 from websockets.sync.client import connect
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from tests.server_fixtures import server_fixtures
 from tests.ws_helpers import httpx, post_speech, ws_url

@@ -15,8 +15,9 @@ import pytest
 
 from qwen3_tts_gguf.engine.request import SynthesisRequest
 from qwen3_tts_gguf.engine.scheduler import Engine
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from tests.ws_helpers import loaded_registry, serve
 

@@ -30,9 +30,10 @@ from qwen3_tts_gguf.engine.runaway import (
 )
 from qwen3_tts_gguf.engine.scheduler import Engine
 from qwen3_tts_gguf.engine.text_sources import frame_budget
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.model.tokenizer import TextTokenizer
 
 from tests.ws_helpers import httpx, loaded_registry, serve

@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits

@@ -10,9 +10,10 @@ import pytest
 
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.engine.scheduler import Engine
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.text import normalization as tn
 from qwen3_tts_gguf.text.normalization import (
     MAX_HELD_CHARS,

@@ -11,9 +11,10 @@ import pytest
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling, TextProgress
 from qwen3_tts_gguf.engine.scheduler import Engine
 from qwen3_tts_gguf.engine.text_sources import SPOKEN_FRAMES_PER_TOKEN
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.model.tokenizer import bytes_to_unicode
 from qwen3_tts_gguf.text.normalization import normalize_text
 from qwen3_tts_gguf.text.segments import locate_segments

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ServerConfig
 from api.limits import ServerLimits

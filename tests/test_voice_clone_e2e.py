@@ -8,8 +8,9 @@ import pytest
 
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.engine.scheduler import Engine
-from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.voicebank.clone import VoiceCloner
 
 from tests.reference.runner import official_generate

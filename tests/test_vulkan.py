@@ -155,7 +155,8 @@ def _greedy(text: str, frames: int = FRAMES, voice=None, **kw):
 
 def _engine(folder: Path, gpu_layers: int, deterministic: bool = True, max_streams: int = 4, device: str = "cpu"):
     from qwen3_tts_gguf.engine.scheduler import Engine
-    from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+    from qwen3_tts_gguf.model.loaded import LoadedModel
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     model = LoadedModel(folder, EngineSettings(deterministic=deterministic, max_streams=max_streams, threads=2,
                                                gpu_layers=gpu_layers, n_ctx=2048, device=device))
@@ -271,6 +272,8 @@ def test_two_models_on_one_device_take_turns(tiny_cv_f32, converted_factory, mon
     from qwen3_tts_gguf.host import locks
     from qwen3_tts_gguf.model.talker import Talker
 
+    from api.ops.metrics import device_lock_lines
+
     intervals: list[tuple[int, float, float]] = []
     real = Talker._run_unlocked
 
@@ -316,7 +319,7 @@ def test_two_models_on_one_device_take_turns(tiny_cv_f32, converted_factory, mon
             lock_held_s=round(after["held_s"], 3), max_wait_s=round(after["max_wait_s"], 4))
     assert after["acquisitions"] - before.get(name, {}).get("acquisitions", 0) >= len(intervals)
     assert after["waited_s"] >= 0 and any(line.startswith(f'qtts_device_wait_seconds_total{{device="{name}"}}')
-                                          for line in locks.prometheus_lines())
+                                          for line in device_lock_lines())
 
 
 def test_webgpu_plugin_provider(tiny_cv_f32, record_property):

@@ -48,7 +48,7 @@ VOICE = {"speaker": "ryan", "language": "english"}
 
 
 def _settings(**kw):
-    from qwen3_tts_gguf.model.loaded import EngineSettings
+    from qwen3_tts_gguf.model.settings import EngineSettings
 
     return EngineSettings(**{"max_streams": 2, "threads": 2, "n_ctx": 2048, **kw})
 

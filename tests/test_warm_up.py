@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from qwen3_tts_gguf.cli import build_parser
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.config import SERVE_WARM_UP_VOICES

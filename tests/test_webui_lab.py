@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api.limits import ServerLimits
 from tests.conftest import CHROMIUM

@@ -27,7 +27,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from qwen3_tts_gguf.model.loaded import EngineSettings
+from qwen3_tts_gguf.model.settings import EngineSettings
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits

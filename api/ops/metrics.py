@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from qwen3_tts_gguf.engine.runaway import RUNAWAY_COUNTS
-from qwen3_tts_gguf.host import locks
+from qwen3_tts_gguf.host.locks import device_lock_stats
 
 from api.ops.lifecycle import PROCESS
 from api.registry import ModelRegistry
@@ -150,8 +150,22 @@ class Metrics:
             stats = served.engine.stats
             lines += [f"qtts_runaways_total{_labels((('model', served.id), ('kind', kind), ('action', action)))} "
                       f"{stats[f'runaway_{kind}_{action}']}" for kind, action in RUNAWAY_COUNTS]
-        lines += locks.prometheus_lines()  # how long work waited for a GPU device (none on CPU)
+        lines += device_lock_lines()  # how long work waited for a GPU device (none on CPU)
         return "\n".join(lines) + "\n"
+
+
+def device_lock_lines() -> list[str]:
+    """The device locks' counters (`host/locks.py`: none on a CPU)."""
+    stats = device_lock_stats()
+    lines: list[str] = []
+    for metric, key, kind, text in (
+            ("qtts_device_wait_seconds_total", "waited_s", "counter", "seconds work waited for a GPU device's lock"),
+            ("qtts_device_busy_seconds_total", "held_s", "counter", "seconds a GPU device's lock was held"),
+            ("qtts_device_acquisitions_total", "acquisitions", "counter", "times a GPU device's lock was taken"),
+            ("qtts_device_max_wait_seconds", "max_wait_s", "gauge", "longest single wait for a GPU device's lock")):
+        lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
+        lines += [f'{metric}{{device="{name}"}} {values[key]!r}' for name, values in sorted(stats.items())]
+    return lines
 
 
 router = APIRouter()

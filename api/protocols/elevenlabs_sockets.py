@@ -60,8 +60,8 @@ from fastapi import APIRouter, WebSocket
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, ValidationError
 
+from qwen3_tts_gguf import AudioChunk, SynthesisResult, TextProgress
 from qwen3_tts_gguf.audio.encoding import G711_MIME_TYPES, MAX_SPEED, MIN_SPEED
-from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult, TextProgress
 
 from api.errors import APIError, invalid_request, validation_error
 from api.ops.clients import client_of

@@ -57,7 +57,7 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 
-from qwen3_tts_gguf.engine.request import AudioChunk
+from qwen3_tts_gguf import AudioChunk
 
 from api.errors import APIError, invalid_request
 from api.ops.clients import client_of

@@ -23,18 +23,21 @@ from starlette.datastructures import UploadFile as StarletteUpload
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from qwen3_tts_gguf.engine.scheduler import EngineBusy, EngineStopped
-from qwen3_tts_gguf.model.manifest import Manifest, ModelFolderError
-from qwen3_tts_gguf.model.prompt import PromptError, VoiceSpec, resolve_language
-from qwen3_tts_gguf.voicebank.clone import ReferenceAudioError
-from qwen3_tts_gguf.voicebank.design import Cancellation, VoiceDesignError, reference_text, speak_reference
-from qwen3_tts_gguf.voicebank.store import (
-    VoiceExistsError,
+from qwen3_tts_gguf import (
+    EngineBusy,
+    EngineStopped,
+    Manifest,
+    ModelFolderError,
+    PromptError,
+    ReferenceAudioError,
     VoiceNotFoundError,
     VoiceProfile,
     VoiceProfileError,
-    validate_name,
+    VoiceSpec,
 )
+from qwen3_tts_gguf.model.prompt import resolve_language
+from qwen3_tts_gguf.voicebank.design import Cancellation, VoiceDesignError, reference_text, speak_reference
+from qwen3_tts_gguf.voicebank.store import VoiceExistsError, validate_name
 
 from api.errors import (
     CLIENT_CLOSED_REQUEST,

@@ -27,8 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult, TextProgress
-from qwen3_tts_gguf.engine.stream import Stream
+from qwen3_tts_gguf import AudioChunk, Stream, SynthesisResult, TextProgress
 
 from api.errors import ELEVENLABS_FIELDS, APIError, invalid_request
 from api.ops.clients import Client

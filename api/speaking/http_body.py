@@ -40,8 +40,7 @@ from typing import TypeVar
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult, TextProgress
-from qwen3_tts_gguf.engine.scheduler import Stream
+from qwen3_tts_gguf import AudioChunk, Stream, SynthesisResult, TextProgress
 
 from api.errors import SERVER_ERROR, APIError, error_body, synthesis_failed, unavailable
 from api.ops import logs

@@ -10,8 +10,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
-from qwen3_tts_gguf.model.sampler import SamplingParams
+from qwen3_tts_gguf import SamplingParams, SynthesisRequest, TalkerSampling
 
 from api.errors import invalid_request, validation_error
 from api.ops import headers

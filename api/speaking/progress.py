@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult, TextProgress
+from qwen3_tts_gguf import AudioChunk, SynthesisResult, TextProgress
 
 
 def progress_fields(progress: TextProgress, audio_s: float, speed: float) -> dict[str, Any]:

@@ -19,10 +19,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from qwen3_tts_gguf import ContextLengthExceeded, EngineBusy, EngineStopped, PromptError, Stream, SynthesisRequest
 from qwen3_tts_gguf.audio.encoding import StreamingEncoder
-from qwen3_tts_gguf.engine.request import SynthesisRequest
-from qwen3_tts_gguf.engine.scheduler import EngineBusy, EngineStopped, Stream
-from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, PromptError
 
 from api.errors import context_length_exceeded, invalid_request, queue_full, unavailable
 from api.ops.clients import Client

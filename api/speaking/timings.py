@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from qwen3_tts_gguf.engine.request import TextProgress
+from qwen3_tts_gguf import TextProgress
 
 from api.speaking.alignment import CharTimeline, TimedChars
 

@@ -28,8 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3_tts_gguf.engine.request import AudioChunk
-from qwen3_tts_gguf.engine.scheduler import Stream
+from qwen3_tts_gguf import AudioChunk, Stream
 
 from api.errors import APIError, invalid_request, synthesis_failed
 from api.limits import ServerLimits

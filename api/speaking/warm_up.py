@@ -22,8 +22,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from qwen3_tts_gguf.engine.request import SynthesisRequest
-from qwen3_tts_gguf.model.prompt import VoiceSpec
+from qwen3_tts_gguf import SynthesisRequest, VoiceSpec
 
 from api.errors import APIError
 from api.registry import ServedModel

@@ -108,8 +108,9 @@ class OursSession:
                  predictor_file: str | None = None, llama_repack: bool = False, progress=None,
                  engine: dict | None = None, second_model: bool = False):
         from qwen3_tts_gguf.engine.scheduler import Engine
-        from qwen3_tts_gguf.model.loaded import EngineSettings, LoadedModel
+        from qwen3_tts_gguf.model.loaded import LoadedModel
         from qwen3_tts_gguf.model.prompt import VoiceSpec
+        from qwen3_tts_gguf.model.settings import EngineSettings
 
         if llama_repack:
             _with_llama_repack()

@@ -3,7 +3,7 @@ and the other models and configurations measured the same way."""
 
 from __future__ import annotations
 
-from qwen3_tts_gguf.model.loaded import KV_CELLS_PER_STREAM
+from qwen3_tts_gguf.model.settings import KV_CELLS_PER_STREAM
 
 from bench.report.format import _block_origin, _ok
 from bench.report.goals import MEMORY_TARGET_MB

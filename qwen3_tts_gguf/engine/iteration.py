@@ -13,8 +13,8 @@ import numpy as np
 from qwen3_tts_gguf.engine.active import ActiveStream, StreamFault
 from qwen3_tts_gguf.engine.runaway import Loop, RunawayEvent
 from qwen3_tts_gguf.engine.text_sources import FedText
-from qwen3_tts_gguf.model.loaded import MAX_CHUNK_FRAMES
 from qwen3_tts_gguf.model.sampler import SamplingParams, sample_code0
+from qwen3_tts_gguf.model.settings import MAX_CHUNK_FRAMES
 from qwen3_tts_gguf.model.talker import DecodeItem
 
 MAX_PENDING_FRAMES = MAX_CHUNK_FRAMES

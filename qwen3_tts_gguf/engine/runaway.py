@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qwen3_tts_gguf.model.loaded import RUNAWAY_ACTIONS
+from qwen3_tts_gguf.model.settings import RUNAWAY_ACTIONS
 
 LOOP_MIN_FRAMES = 48
 """The shortest stretch judged a loop (3.84 s): real speech holds one code (a pause) for well under it."""

@@ -100,17 +100,3 @@ def device_lock_stats() -> dict[str, dict[str, float]]:
             out[lock.name] = {"acquisitions": lock.acquisitions, "waited_s": lock.waited_s,
                               "held_s": lock.held_s, "max_wait_s": lock.max_wait_s}
     return out
-
-
-def prometheus_lines() -> list[str]:
-    """The device-lock counters in Prometheus' text format (for api/ops/metrics.py to append)."""
-    stats = device_lock_stats()
-    lines: list[str] = []
-    for metric, key, kind, text in (
-            ("qtts_device_wait_seconds_total", "waited_s", "counter", "seconds work waited for a GPU device's lock"),
-            ("qtts_device_busy_seconds_total", "held_s", "counter", "seconds a GPU device's lock was held"),
-            ("qtts_device_acquisitions_total", "acquisitions", "counter", "times a GPU device's lock was taken"),
-            ("qtts_device_max_wait_seconds", "max_wait_s", "gauge", "longest single wait for a GPU device's lock")):
-        lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
-        lines += [f'{metric}{{device="{name}"}} {values[key]!r}' for name, values in sorted(stats.items())]
-    return lines
