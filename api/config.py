@@ -13,8 +13,7 @@ from typing import Literal
 from qwen3_tts_gguf import EngineSettings
 from qwen3_tts_gguf.data_dirs import PROJECT_ROOT, voices_dir
 
-from api.limits import ServerLimits
-from api.ops.clients import parse_networks
+from api.limits import ServerLimits, parse_networks
 
 API_KEY_ENV = "QTTS_API_KEY"
 SERVE_WARM_UP_VOICES = ("alloy",)  # OpenAI's best-known voice: what most clients send first

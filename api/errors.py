@@ -122,6 +122,26 @@ def synthesis_failed(message: str) -> APIError:
     return APIError(f"Synthesis failed: {message}", status_code=500, type=SERVER_ERROR, code="synthesis_failed")
 
 
+def engine_refusal(error: BaseException, engine: Any, *, subject: str = "The engine", reason: bool = True,
+                   prompt_param: str | None = None) -> APIError | None:
+    """The one map from an engine's refusal to the APIError every protocol answers with (each in its own
+    envelope); None for any other exception. `engine` (its queue's length for 429), `subject` and `reason` (what is
+    not running, and whether its reason is told) and `prompt_param` (the field a PromptError names; None: a
+    context overflow is `context_length_exceeded`) are the caller's."""
+    from qwen3_tts_gguf import ContextLengthExceeded, EngineBusy, EngineStopped, PromptError
+
+    if isinstance(error, EngineBusy):
+        return queue_full(engine.load()["waiting"])
+    if isinstance(error, EngineStopped):
+        told = f" ({error})" if reason else ""
+        return unavailable(f"{subject} is not running{told}; retry.", retry_after_s=error.retry_after_s)
+    if isinstance(error, ContextLengthExceeded) and prompt_param is None:
+        return context_length_exceeded(str(error), param=error.param)
+    if isinstance(error, PromptError):
+        return invalid_request(str(error), param=prompt_param)
+    return None
+
+
 # -- request validation --------------------------------------------------------------------------
 
 _VALIDATION_CODES = {

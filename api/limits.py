@@ -7,6 +7,8 @@ a WebSocket `error` event and close for socket limits. `docs/reliability.md` lis
 from __future__ import annotations
 
 import argparse
+import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,15 @@ MAX_DIALOGUE_LINES = 256
 """The most lines one dialogue may have (`max_dialogue_lines`' ceiling, and the body schema's)."""
 MAX_RESUME_WINDOW_S = 600.0
 """The longest `resume_window_s`: a lost stream holds its engine slot while it waits."""
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(entries: Iterable[str]) -> tuple[Network, ...]:
+    """Addresses or CIDR blocks ("10.0.0.1", "10.0.0.0/8", "::1") as `trusted_proxies` holds them; ValueError for
+    anything else."""
+    return tuple(ipaddress.ip_network(entry.strip(), strict=False) for entry in entries)
 
 
 def resume_window(text: str) -> float:

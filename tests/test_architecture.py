@@ -192,6 +192,42 @@ def test_the_engine_has_one_face_and_the_server_uses_it():
     assert around == [], around
 
 
+SERVER_FLOORS = {"entry": 5, "routes": 4, "protocols": 4, "speaking": 3, "sdk": 3, "state": 2.5, "ops": 2, "spine": 1}
+"""The server's rooms, top down: what runs it (`app.py`, `server.py`, `cli_args.py`, `testing.py`); the adapters
+(HTTP routes and socket protocols, side by side); the one path into the engine (`speaking/`) and the SDKs it
+serves; the shared state (`state.py`: the spine's parts and ops' metrics); running a shared server (`ops/`); the
+spine (config, limits, errors, schemas, the registry, voice resolution). An import goes down or stays in its room."""
+ENTRY = ("app", "server", "cli_args", "testing")
+ADAPTERS_DESCRIBED = {("api.routes.capabilities", "api.protocols")}
+"""/v1/capabilities describes the socket protocols (their paths, subprotocols, versions): it reads them there."""
+
+
+def _server_room(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in SERVER_FLOORS:
+        return parts[1]
+    return "entry" if parts[1:2] and parts[1] in ENTRY else "state" if parts[1:2] == ["state"] else "spine"
+
+
+def test_the_servers_arrows_run_down():
+    modules = _modules()
+    climbs = []
+    for name, path in modules.items():
+        if not name.startswith("api.") or path.name == "__init__.py":
+            continue
+        source = _server_room(name)
+        for target, _ in _imports(path, modules):
+            if not target.startswith("api.") or modules[target].name == "__init__.py":
+                continue
+            dest = _server_room(target)
+            if any(name == who and target.startswith(what) for who, what in ADAPTERS_DESCRIBED):
+                continue
+            if SERVER_FLOORS[dest] > SERVER_FLOORS[source] or (dest != source and SERVER_FLOORS[dest] ==
+                                                                SERVER_FLOORS[source]) or (source == dest == "routes"):
+                climbs.append((name, target))
+    assert climbs == [], climbs
+
+
 @pytest.fixture(scope="module")
 def registry(tiny_cv_f32):
     registry = ModelRegistry.load([tiny_cv_f32], EngineSettings(threads=1, max_streams=2, max_pending=4))

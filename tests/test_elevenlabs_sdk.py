@@ -20,7 +20,7 @@ import av
 import numpy as np
 import pytest
 
-from api.protocols.elevenlabs_sockets import OutputFormat
+from api.speaking.elevenlabs_fields import OutputFormat
 from tests.server_fixtures import server_fixture, short_stream_registries
 from tests.test_elevenlabs import check_alignment, collect, open_socket, send, words
 from tests.ws_helpers import KEY, SEED, TIMEOUT, httpx, post_speech, wait_idle

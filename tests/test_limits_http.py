@@ -236,7 +236,8 @@ def test_one_client_holds_its_share_and_others_still_get_through(server, http):
 
 
 def test_client_address_behind_trusted_proxies():
-    from api.ops.clients import client_address, parse_networks
+    from api.limits import parse_networks
+    from api.ops.clients import client_address
 
     trusted = parse_networks(["10.0.0.0/8", "::1"])
 

@@ -24,18 +24,12 @@ from starlette.requests import HTTPConnection
 from starlette.types import Scope
 
 from api.errors import RATE_LIMIT, APIError
+from api.limits import Network, parse_networks
 
 UNKNOWN_CLIENT = "unknown"
 
-_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-
-def parse_networks(entries: Iterable[str]) -> tuple[_Network, ...]:
-    """Addresses or CIDR blocks ("10.0.0.1", "10.0.0.0/8", "::1"); ValueError for anything else."""
-    return tuple(ipaddress.ip_network(entry.strip(), strict=False) for entry in entries)
-
-
-def _in(address: str, networks: Sequence[_Network]) -> bool:
+def _in(address: str, networks: Sequence[Network]) -> bool:
     try:
         ip = ipaddress.ip_address(address.strip().strip("[]"))
     except ValueError:
@@ -43,13 +37,13 @@ def _in(address: str, networks: Sequence[_Network]) -> bool:
     return any(ip in net for net in networks)
 
 
-def peer_in(scope: Scope, networks: Sequence[_Network]) -> bool:
+def peer_in(scope: Scope, networks: Sequence[Network]) -> bool:
     """Whether the connection's peer (not what a header says) is in `networks`."""
     peer = (scope.get("client") or (None, None))[0]
     return peer is not None and _in(peer, networks)
 
 
-def client_address(scope: Scope, trusted: Sequence[_Network] = ()) -> str:
+def client_address(scope: Scope, trusted: Sequence[Network] = ()) -> str:
     """The client's address (see the module docstring); "unknown" without a peer address."""
     peer = (scope.get("client") or (None, None))[0]
     if peer is None:

@@ -25,7 +25,8 @@ from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import invalid_request
-from api.ops.clients import parse_networks, peer_in
+from api.limits import parse_networks
+from api.ops.clients import peer_in
 from api.ops.path_prefix import path_prefix
 
 PREFIX_HEADER = "x-forwarded-prefix"

@@ -49,8 +49,8 @@ from api.errors import (
     payload_too_large,
     unauthorized,
 )
-from api.limits import ServerLimits
-from api.ops.clients import client_address, parse_networks
+from api.limits import ServerLimits, parse_networks
+from api.ops.clients import client_address
 from api.ops.hosts import host_allowed, host_not_allowed, origin_allowed
 from api.ops.lifecycle import CLOSE_SERVICE_RESTART, PROCESS, draining_error
 from api.ops.middleware import bearer_token, key_matches

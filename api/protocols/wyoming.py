@@ -49,12 +49,11 @@ from api.errors import APIError, invalid_request
 from api.ops.clients import UNKNOWN_CLIENT, Client
 from api.ops.lifecycle import PROCESS
 from api.protocols.base import socket_counts
-from api.routes.catalog import voice_entries
 from api.speaking.plan import LIVE_TEXT, SpeechPlan, speech_body
 from api.speaking.start import plan_request
 from api.speaking.utterance import Ending, Utterance, open_utterance, pump, record, settle, start_watch
 from api.state import AppState
-from api.voice_resolution import LANGUAGE_CODES, language_of
+from api.voice_resolution import LANGUAGE_CODES, language_of, voice_entries
 
 log = logging.getLogger("api.protocols.wyoming")
 

@@ -15,9 +15,9 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field, StrictBool
 
 from api.errors import error_responses
-from api.routes.speech import respond
 from api.schemas import SpeechRequest
 from api.speaking.http_body import CONTENT_TYPES, SpeechStream
+from api.speaking.http_response import respond
 from api.speaking.timings import Timings
 
 router = APIRouter(tags=["audio"])

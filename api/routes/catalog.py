@@ -29,7 +29,7 @@ from api.schemas import (
     VoiceList,
 )
 from api.state import get_state
-from api.voice_resolution import LANGUAGE_CODES, OFFICIAL_SPEAKERS, OPENAI_VOICES, VoiceProfiles, speaker_for
+from api.voice_resolution import LANGUAGE_CODES, voice_entries
 
 router = APIRouter(tags=["models"])
 elevenlabs_router = APIRouter(tags=["models"])
@@ -49,48 +49,6 @@ def card(card_id: str, served: ServedModel) -> ModelCard:
 def model_cards(registry: ModelRegistry) -> list[ModelCard]:
     """Every served model, then OpenAI's ids as aliases of the default (`root` names the model)."""
     return [card(m.id, m) for m in registry.models] + [card(alias, registry.default) for alias in registry.aliases]
-
-
-def profile_models(registry: ModelRegistry, entry: dict) -> list[str]:
-    """The served Base models a profile can speak with (its size), the one it names first: the first
-    is what a request naming the default model or an alias speaks with (`model_for_voice`)."""
-    fits = [m for m in registry.models
-            if m.manifest.model_type == "base" and m.manifest.model_size == entry.get("model_size")]
-    named = [m for m in fits if entry.get("model") in (m.id, m.manifest.name, m.folder.name)]
-    return [m.id for m in named + [m for m in fits if m not in named]]
-
-
-def voice_entries(registry: ModelRegistry, profiles: VoiceProfiles, model: ServedModel | None = None) -> list[Voice]:
-    """Speakers of each model, OpenAI's voice names (with the speaker each maps to), then profiles.
-
-    A voice that several models have is listed once, with all their ids in `models`. A profile's
-    `models` are the Base models it speaks with; for `model` it is listed when that is one of them,
-    or when `model` is the default (a request for the default or an alias is routed to the
-    profile's Base model).
-    """
-    models = [model] if model is not None else list(registry.models)
-    speakers: dict[str, Voice] = {}
-    for served in models:
-        for name in served.manifest.speakers:
-            info = OFFICIAL_SPEAKERS.get(name)
-            entry = speakers.setdefault(name, Voice(
-                id=name, name=name.replace("_", " ").title(), kind="speaker", models=[],
-                gender=info.gender if info else None, language=info.language if info else None,
-                description=info.description if info else None))
-            entry.models.append(served.id)
-    openai: list[Voice] = []
-    for name, voice in OPENAI_VOICES.items():
-        takers = [s for s in models if s.manifest.model_type == "voice_design" or speaker_for(s.manifest, name)]
-        if takers:
-            mapped = {speaker_for(s.manifest, name) for s in takers} - {None}
-            openai.append(Voice(id=name, name=name.title(), kind="openai", models=[s.id for s in takers],
-                                description=voice.description,
-                                speaker=mapped.pop() if len(mapped) == 1 else None))
-    saved = [Voice.model_validate({**entry, "kind": "profile", "models": profile_models(registry, entry)})
-             for entry in profiles.entries()]
-    if model is not None:
-        saved = [v for v in saved if model.id in v.models or (model is registry.default and v.models)]
-    return list(speakers.values()) + openai + saved
 
 
 @router.get("/v1/models", response_model=ModelList | list[ElevenLabsModel], responses=error_responses(400, 401))

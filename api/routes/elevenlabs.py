@@ -29,12 +29,12 @@ from api.errors import error_responses
 from api.limits import MAX_DIALOGUE_LINES
 from api.ops import headers
 from api.ops.clients import client_of
-from api.protocols.elevenlabs_sockets import HTTP_DEFAULT_FORMAT, OutputFormat, VoiceSettings, speech_fields
-from api.routes.speech import answer, respond, usage_accounting
 from api.schemas import MAX_ID_CHARS, MAX_INPUT_CHARS, MAX_LANGUAGE_CHARS, MAX_SEED, Identifier, SpokenText
 from api.speaking.alignment import TimedChars
 from api.speaking.dialogue import LineChain, plan_dialogue
+from api.speaking.elevenlabs_fields import HTTP_DEFAULT_FORMAT, OutputFormat, VoiceSettings, speech_fields
 from api.speaking.http_body import CONTENT_TYPES, SpeechStream, audio_body
+from api.speaking.http_response import answer, respond, usage_accounting
 from api.speaking.plan import ignored_fields_header, speech_body
 from api.speaking.start import open_speech
 from api.speaking.timings import Timings

@@ -25,7 +25,6 @@ from starlette.requests import ClientDisconnect
 
 from qwen3_tts_gguf import (
     EngineBusy,
-    EngineStopped,
     Manifest,
     ModelFolderError,
     PromptError,
@@ -43,10 +42,9 @@ from api.errors import (
     CLIENT_CLOSED_REQUEST,
     SERVER_ERROR,
     APIError,
+    engine_refusal,
     error_responses,
     invalid_request,
-    queue_full,
-    unavailable,
 )
 from api.limits import ServerLimits
 from api.ops.lifecycle import PROCESS
@@ -226,12 +224,11 @@ def _voice_error(e: Exception, request: Request, base: ServedModel, design: Serv
         return invalid_request(str(e), param="audio_sample")
     if isinstance(e, VoiceProfileError):
         return invalid_request(str(e))
-    if isinstance(e, EngineBusy) and design is not None:
-        return queue_full(design.engine.load()["waiting"])
-    if isinstance(e, EngineStopped):
-        return unavailable("The voice design model is not running; retry.", retry_after_s=e.retry_after_s)
-    if isinstance(e, PromptError):
-        return invalid_request(str(e), param="instructions")
+    if design is not None or not isinstance(e, EngineBusy):
+        refusal = engine_refusal(e, design and design.engine, subject="The voice design model", reason=False,
+                                 prompt_param="instructions")
+        if refusal is not None:
+            return refusal
     if isinstance(e, ModelFolderError):
         log.error("request %s: model %s cannot clone voices: %s", request_id, base.id, e)
         return invalid_request(f"model '{base.id}' cannot clone voices: its folder lacks the voice-cloning "

@@ -6,8 +6,8 @@ voice, language and sampling), then its engine stream and the encoder of its aud
     ... speech.stream (engine chunks) -> speech.encoder (bytes) ...
 
 The HTTP routes (`api/speaking/http_body.py`) and every socket's utterance (`api/speaking/utterance.py`)
-start speech here: one place for the drain, the client's places, the engine's refusals, and the
-encoder closed when a start fails.
+start speech here: one place for the drain, the client's places and the engine's refusals; the encoder is
+made once the engine has taken the stream.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from qwen3_tts_gguf import ContextLengthExceeded, EngineBusy, EngineStopped, PromptError, Stream, SynthesisRequest
+from qwen3_tts_gguf import Stream, SynthesisRequest
 from qwen3_tts_gguf.audio.encoding import StreamingEncoder
 
-from api.errors import context_length_exceeded, invalid_request, queue_full, unavailable
+from api.errors import engine_refusal
 from api.ops.clients import Client
 from api.ops.lifecycle import PROCESS
 from api.schemas import SpeechRequest
@@ -55,15 +55,15 @@ async def open_speech(state: AppState, plan: SpeechPlan, response_format: str, s
     """Start `plan` on its engine with an encoder for `response_format` (`out_rate`: pcm, mp3 or opus
     resampled to that rate; `bit_rate`: mp3's or opus's; `speed`: atempo). `live`: a streaming-text stream whose
     text comes later (`Stream.push_text`).
-    `client` holds one of its speech places while the stream lives. The encoder is closed if the start
-    fails; engine refusals are APIErrors (see `start_stream`)."""
-    encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed, out_rate=out_rate,
-                               bit_rate=bit_rate)
+    `client` holds one of its speech places while the stream lives. The encoder is made once the engine has
+    taken the stream; should it fail, the stream is cancelled. Engine refusals are APIErrors (see `start_stream`)."""
     live_request = replace(plan.request, text="", text_mode="streaming") if live else None
+    stream = await start_stream(plan, live_request, client=client)
     try:
-        stream = await start_stream(plan, live_request, client=client)
+        encoder = StreamingEncoder(response_format, plan.served.model.sample_rate, speed, out_rate=out_rate,
+                                   bit_rate=bit_rate)
     except BaseException:
-        encoder.close()
+        stream.cancel()
         raise
     return OpenedSpeech(plan, stream, OffloadedEncoder(encoder, state.encoder_pool))
 
@@ -138,11 +138,8 @@ async def _queue(plan: SpeechPlan, live_request: SynthesisRequest | None) -> Str
     except asyncio.CancelledError:  # the caller went away: a stream queued meanwhile must not run orphaned
         queued.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().cancel())
         raise
-    except EngineBusy:
-        raise queue_full(engine.load()["waiting"]) from None
-    except EngineStopped as e:
-        raise unavailable(f"The engine is not running ({e}); retry.", retry_after_s=e.retry_after_s) from None
-    except ContextLengthExceeded as e:
-        raise context_length_exceeded(str(e), param=e.param) from None
-    except PromptError as e:
-        raise invalid_request(str(e)) from None
+    except Exception as e:
+        refusal = engine_refusal(e, engine)
+        if refusal is None:
+            raise
+        raise refusal from None
