@@ -108,23 +108,16 @@ def engine_settings_from_args(args: argparse.Namespace, *, check_devices: bool =
     --runaway-retries). The device settings are checked against this installation
     (`qwen3_tts_gguf.host.devices`): ValueError (DeviceError) when GPU layers are asked of a llama.cpp without a
     GPU backend or device, or --device names a provider not installed; the resolved plan is logged."""
-    gpu_layers, device = getattr(args, "gpu_layers", 0) or 0, getattr(args, "device", None) or "cpu"
-    codec_runtime = getattr(args, "codec_runtime", None) or EngineSettings.codec_runtime
-    cp_runtime = getattr(args, "cp_runtime", None) or EngineSettings.cp_runtime
     if check_devices:
         from qwen3_tts_gguf.doctor import check_device_settings
 
-        plan = check_device_settings(gpu_layers, device, codec_runtime, args.deterministic, cp_runtime=cp_runtime)
+        plan = check_device_settings(args.gpu_layers, args.device, args.codec_runtime, args.deterministic,
+                                     cp_runtime=args.cp_runtime)
         logging.getLogger("api.server").info("devices: %s", plan)
     return EngineSettings(threads=args.threads, max_streams=args.max_streams, max_pending=args.max_queue,
                           max_pending_live=args.max_live_waiting, max_buffered_audio_s=args.max_buffered_audio_s,
-                          deterministic=args.deterministic, gpu_layers=gpu_layers, device=device,
-                          kv_cache=getattr(args, "kv_cache", None) or EngineSettings.kv_cache,
-                          n_ctx=getattr(args, "n_ctx", None) or 0,
-                          codec_overlap=not getattr(args, "no_codec_overlap", False),
-                          codec_threads=getattr(args, "codec_threads", None) or 0,
-                          heap_map_threshold=getattr(args, "heap_map_threshold", EngineSettings.heap_map_threshold),
-                          codec_runtime=codec_runtime, cp_runtime=cp_runtime,
-                          prefix_cache=getattr(args, "prefix_cache", EngineSettings.prefix_cache),
-                          runaway=getattr(args, "runaway", EngineSettings.runaway),
-                          runaway_retries=getattr(args, "runaway_retries", EngineSettings.runaway_retries))
+                          deterministic=args.deterministic, gpu_layers=args.gpu_layers, device=args.device,
+                          kv_cache=args.kv_cache, n_ctx=args.n_ctx or 0, codec_overlap=not args.no_codec_overlap,
+                          codec_threads=args.codec_threads or 0, heap_map_threshold=args.heap_map_threshold,
+                          codec_runtime=args.codec_runtime, cp_runtime=args.cp_runtime,
+                          prefix_cache=args.prefix_cache, runaway=args.runaway, runaway_retries=args.runaway_retries)

@@ -9,7 +9,6 @@ schema the OpenAPI document gives it, and needs the key when the server has one.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from dataclasses import replace
 from typing import get_args
 
@@ -21,10 +20,11 @@ import jsonschema
 import pytest
 
 from qwen3_tts_gguf.model.settings import EngineSettings
+from qwen3_tts_gguf.text.normalization import LANGUAGES
 
 from api import ModelRegistry, ServerConfig, create_app
 from api.limits import ServerLimits
-from api.routes.capabilities import FALLBACK_NORMALIZATION_LANGUAGES, Capabilities
+from api.routes.capabilities import Capabilities
 from api.schemas import MAX_INPUT_CHARS, ResponseFormat
 from api.testing import ServerThread
 from tests.server_fixtures import registry_fixture
@@ -55,11 +55,7 @@ def server(registry):
 
 
 def expected_languages() -> list[str]:
-    try:
-        module = importlib.import_module("qwen3_tts_gguf.text.normalization")
-    except ImportError:
-        return list(FALLBACK_NORMALIZATION_LANGUAGES)
-    return list(module.LANGUAGES)
+    return list(LANGUAGES)
 
 
 def component_validator(openapi: dict, name: str) -> jsonschema.protocols.Validator:

@@ -5,19 +5,19 @@
      "models": [{"id", "type", "default_text_mode"}, ...]}
 
 `protocols` are those of the app `create_app` builds (`ROUTERS`). `limits` are the client-relevant `ServerLimits`
-(`resume_window_s` only where this server has that limit) plus the speech route's input bound and the engine's
-`max_buffered_audio_s`.
+plus the speech route's input bound and the engine's `max_buffered_audio_s`.
 `models` are the served models, the default first (OpenAI's aliases name it; `/v1/models` lists them).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import get_args
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from wyoming import __version__ as wyoming_version_string
+
+from qwen3_tts_gguf.text.normalization import LANGUAGES
 
 from api.errors import error_responses
 from api.limits import ServerLimits
@@ -29,9 +29,6 @@ from api.state import get_state
 router = APIRouter(tags=["models"])
 
 PATH = "/v1/capabilities"
-NORMALIZATION_MODULE = "qwen3_tts_gguf.text.normalization"
-FALLBACK_NORMALIZATION_LANGUAGES = ("zh", "en", "ja")
-"""Used only while the engine has no `text_normalization.LANGUAGES` (an older engine)."""
 
 
 class Protocol(BaseModel):
@@ -114,27 +111,14 @@ def wyoming_protocol(server: WyomingServer, host: str) -> Protocol:
                     version=wyoming_version_string, features=["synthesize", "synthesize_streaming"])
 
 
-def normalization_languages() -> list[str]:
-    """`qwen3_tts_gguf.text.normalization.LANGUAGES` (read per request), else the fallback."""
-    try:
-        module = importlib.import_module(NORMALIZATION_MODULE)
-    except ImportError:
-        return list(FALLBACK_NORMALIZATION_LANGUAGES)
-    return list(getattr(module, "LANGUAGES", FALLBACK_NORMALIZATION_LANGUAGES))
-
-
 def client_limits(limits: ServerLimits, max_buffered_audio_s: float) -> Limits:
-    """The client-relevant limits; `resume_window_s` only when ServerLimits has it."""
-    values = dict(
+    """The client-relevant limits."""
+    return Limits(
         max_input_chars=MAX_INPUT_CHARS, max_body_bytes=limits.max_body_bytes,
         ws_max_message_bytes=limits.ws_max_message_bytes, ws_max_session_chars=limits.ws_max_session_chars,
         ws_idle_timeout_s=limits.ws_idle_timeout_s, ws_max_session_s=limits.ws_max_session_s,
-        max_buffered_audio_s=max_buffered_audio_s, send_timeout_s=limits.send_timeout_s,
-        max_sockets_per_client=limits.max_sockets_per_client)
-    resume_window = getattr(limits, "resume_window_s", None)
-    if resume_window is not None:
-        values["resume_window_s"] = resume_window
-    return Limits(**values)  # an absent resume_window_s stays unset: left out of the response
+        resume_window_s=limits.resume_window_s, max_buffered_audio_s=max_buffered_audio_s,
+        send_timeout_s=limits.send_timeout_s, max_sockets_per_client=limits.max_sockets_per_client)
 
 
 @router.get(PATH, response_model=Capabilities, response_model_exclude_unset=True,
@@ -149,6 +133,6 @@ async def capabilities(request: Request) -> Capabilities:
                                      if wyoming is not None else []),
         formats=list(get_args(ResponseFormat)),
         limits=client_limits(state.config.limits, registry.default.model.settings.max_buffered_audio_s),
-        normalization=Normalization(languages=normalization_languages()),
+        normalization=Normalization(languages=list(LANGUAGES)),
         models=[ModelSummary(id=m.id, type=m.manifest.model_type, default_text_mode=m.manifest.default_text_mode)
                 for m in registry.models])
