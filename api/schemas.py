@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from qwen3_tts_gguf.audio.encoding import MAX_SPEED, MIN_SPEED
+from qwen3_tts_gguf.audio.formats import MAX_SPEED, MIN_SPEED
 
 MAX_INPUT_CHARS = 4096
 MAX_INSTRUCTIONS_CHARS = 4096
@@ -50,7 +50,7 @@ MAX_REPETITION_PENALTY = 100.0
 WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 NOT_BLANK_PATTERN = f"[^{WHITESPACE}]"
 
-ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]  # = audio.encoding.FORMATS (a test checks)
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]  # = audio.formats.FORMATS (a test checks)
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 
 

@@ -215,7 +215,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from qwen3_tts_gguf.audio.encoding import AudioFileWriter
+    from qwen3_tts_gguf.audio.file_writer import AudioFileWriter
     from qwen3_tts_gguf.doctor import check_device_settings
     from qwen3_tts_gguf.engine.request import SynthesisRequest
     from qwen3_tts_gguf.engine.scheduler import Engine

@@ -15,7 +15,7 @@ except ImportError:  # pragma: no cover
 import openai
 import pytest
 
-from qwen3_tts_gguf.audio.encoding import to_s16
+from qwen3_tts_gguf.audio.formats import to_s16
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams

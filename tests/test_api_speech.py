@@ -26,7 +26,7 @@ import openai
 import pytest
 import soundfile
 
-from qwen3_tts_gguf.audio.encoding import to_s16
+from qwen3_tts_gguf.audio.formats import to_s16
 from qwen3_tts_gguf.engine.request import SynthesisRequest, TalkerSampling
 from qwen3_tts_gguf.model.prompt import VoiceSpec
 from qwen3_tts_gguf.model.sampler import SamplingParams

@@ -11,7 +11,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from qwen3_tts_gguf.audio.encoding import FORMATS
+from qwen3_tts_gguf.audio.formats import FORMATS
 
 from api.config import ServerConfig
 from api.errors import validation_error

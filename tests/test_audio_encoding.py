@@ -13,18 +13,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from qwen3_tts_gguf.audio.encoding import (
-    EXTENSIONS,
-    FORMATS,
-    MIME_TYPES,
-    AudioFileWriter,
-    StreamingEncoder,
-    StreamResampler,
-    atempo_factors,
-    format_from_path,
-    to_s16,
-    wav_header,
-)
+from qwen3_tts_gguf.audio.encoding import StreamingEncoder, atempo_factors
+from qwen3_tts_gguf.audio.file_writer import AudioFileWriter
+from qwen3_tts_gguf.audio.formats import EXTENSIONS, FORMATS, MIME_TYPES, format_from_path, to_s16, wav_header
+from qwen3_tts_gguf.audio.telephony import StreamResampler
 
 SR = 24000
 CHUNK = 1920  # 80 ms
@@ -276,14 +268,8 @@ def test_file_writer_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- G.711 (pcmu / pcma): the Realtime API's telephony formats -------------------------------------
 
-from qwen3_tts_gguf.audio.encoding import (  # noqa: E402
-    G711_FORMATS,
-    G711_RATE,
-    alaw_to_s16,
-    s16_to_alaw,
-    s16_to_ulaw,
-    ulaw_to_s16,
-)
+from qwen3_tts_gguf.audio.formats import G711_FORMATS, G711_RATE  # noqa: E402
+from qwen3_tts_gguf.audio.telephony import alaw_to_s16, s16_to_alaw, s16_to_ulaw, ulaw_to_s16  # noqa: E402
 
 # s16 sample -> (mu-law, A-law) code, as Python's audioop (lin2ulaw / lin2alaw, width 2) gives them:
 # zero is 0xFF / 0xD5 (ITU-T G.711's idle codes), full scale 0x80 / 0xAA and 0x00 / 0x2A, and the

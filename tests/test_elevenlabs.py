@@ -19,7 +19,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from qwen3_tts_gguf.audio.encoding import StreamResampler, s16_to_ulaw, to_s16
+from qwen3_tts_gguf.audio.formats import to_s16
+from qwen3_tts_gguf.audio.telephony import StreamResampler, s16_to_ulaw
 
 from api.protocols.elevenlabs_sockets import MAX_CONTEXTS
 from tests.server_fixtures import server_fixture, short_stream_registries

@@ -22,7 +22,8 @@ try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
 except ImportError:  # pragma: no cover
     import httpx
 
-from qwen3_tts_gguf.audio.encoding import StreamingEncoder, to_s16
+from qwen3_tts_gguf.audio.encoding import StreamingEncoder
+from qwen3_tts_gguf.audio.formats import to_s16
 from qwen3_tts_gguf.model.settings import EngineSettings
 from qwen3_tts_gguf.model.talker import TalkerError
 

@@ -22,7 +22,7 @@ import soxr
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from qwen3_tts_gguf.audio.encoding import alaw_to_s16, ulaw_to_s16
+from qwen3_tts_gguf.audio.telephony import alaw_to_s16, ulaw_to_s16
 
 from api.ops.lifecycle import PROCESS
 from api.testing import ServerThread

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from qwen3_tts_gguf.audio.encoding import G711_MIME_TYPES
+from qwen3_tts_gguf.audio.formats import G711_MIME_TYPES
 
 from api.errors import error_responses
 from api.limits import MAX_DIALOGUE_LINES

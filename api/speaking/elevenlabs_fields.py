@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 
-from qwen3_tts_gguf.audio.encoding import G711_MIME_TYPES, MAX_SPEED, MIN_SPEED
+from qwen3_tts_gguf.audio.formats import G711_MIME_TYPES, MAX_SPEED, MIN_SPEED
 
 from api.errors import invalid_request
 from api.registry import ModelRegistry

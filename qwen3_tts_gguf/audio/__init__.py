@@ -1,1 +1,1 @@
-"""Audio out: the s16 rule, streaming encoders (PyAV, G.711), speed, the file writer."""
+"""Audio out: the s16 rule and formats, the streaming encoder (PyAV), G.711, the file writer."""
