@@ -52,7 +52,7 @@ SETTLE_S = 2.0  # the load ramps up before the first measured run
 HEADLINE = ("0.6b", "q8_0", "int8")
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes whose process group is `pgid`."""
     pids = []
     for name in os.listdir("/proc"):
@@ -103,7 +103,7 @@ class StressLoad:
                 pass
             deadline = time.perf_counter() + (self.term_grace_s if sig == signal.SIGTERM else 10)
             while time.perf_counter() < deadline:
-                if self.proc.poll() is not None and not _group_members(pgid):
+                if self.proc.poll() is not None and not group_members(pgid):
                     break
                 time.sleep(0.05)
             else:
@@ -114,7 +114,7 @@ class StressLoad:
         except subprocess.TimeoutExpired:
             pass
         self._err.close()
-        self.stopped = {"stop_s": time.perf_counter() - t0, "left": _group_members(pgid)}
+        self.stopped = {"stop_s": time.perf_counter() - t0, "left": group_members(pgid)}
         return self.stopped
 
     def __exit__(self, *exc) -> None:

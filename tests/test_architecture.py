@@ -154,6 +154,18 @@ def test_no_two_modules_of_the_product_share_a_name():
     assert not {folder.replace("-", "_") for folder in DATA_FOLDERS} & set(names)
 
 
+def test_modules_import_each_others_public_names_only():
+    """A `_name` is its module's own: no project module imports one from another (`bench/` did, 83 times)."""
+    modules = _modules()
+    private = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+                private += [(name, node.module, a.name) for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert private == [], private
+
+
 def test_modules_are_imported_under_their_own_names():
     """`from package import module as other` hides a module behind another word (`native as websocket` did); an
     alias may only lengthen the module's own name (`realtime_module`, beside a parameter called `realtime`)."""

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bench import cli, session
-from bench.busy import StressLoad, _group_members
+from bench.busy import StressLoad, group_members
 from bench.report.busy import render_busy
 from bench.report.page import render, splice_section
 
@@ -227,11 +227,11 @@ def test_stopping_a_load_leaves_no_process_of_its_group(tmp_path):
     load = StressLoad(str(exe), ["--cpu", "1"], 60, term_grace_s=0.5)
     with load:
         deadline = time.time() + 5
-        while len(_group_members(load.proc.pid)) < 3 and time.time() < deadline:
+        while len(group_members(load.proc.pid)) < 3 and time.time() < deadline:
             time.sleep(0.05)
-        assert load.alive() and len(_group_members(load.proc.pid)) >= 2
+        assert load.alive() and len(group_members(load.proc.pid)) >= 2
         pgid = load.proc.pid
-    assert load.stopped["left"] == [] and _group_members(pgid) == []
+    assert load.stopped["left"] == [] and group_members(pgid) == []
     assert os.getpgid(os.getpid()) != pgid
 
 

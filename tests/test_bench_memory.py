@@ -109,7 +109,7 @@ def test_the_overlap_section_compares_the_default_with_inline():
 
 
 def test_the_targets_take_openvino_from_the_overlap_block():
-    from bench.report.overlap import _overlap_targets
+    from bench.report.overlap import overlap_targets
 
     run = lambda rtf: {"rtf": rtf, "first_audio_s": 0.3}  # noqa: E731
     default, openvino = experiments.OVERLAP_RUNTIMES
@@ -117,13 +117,13 @@ def test_the_targets_take_openvino_from_the_overlap_block():
              "concurrency": {openvino: {"aggregate_rtf": 0.88, "peak_rss_mb": 2900}},
              "fast": {"runs": {default: [run(1.1)], openvino: [run(0.9), run(1.0), run(0.98)]},
                       "concurrency": {openvino: {"aggregate_rtf": 0.58, "peak_rss_mb": 2300}}}}
-    one, eight = _overlap_targets(block)
+    one, eight = overlap_targets(block)
     assert one == ("| one stream, `--preset fast` (talker q4_k_m, code predictor int4) with `--codec-runtime "
                    "openvino`: RTF | ≤ 1.0 | 0.98 (0.6B; peak RSS after eight streams 2,300 MiB) | **reached** (*Codec "
                    "overlap*) |")
     assert eight == ("| eight streams with `--codec-runtime openvino`: aggregate RTF | ≤ 0.6 | 0.88 with the default "
                      "weights; 0.58 with `--preset fast` (0.6B) | **reached** (*Codec overlap*) |")
-    assert _overlap_targets({}) == []
+    assert overlap_targets({}) == []
 
 
 def test_the_overlap_variants_name_their_settings():
@@ -137,10 +137,10 @@ def test_the_overlap_variants_name_their_settings():
 
 
 def test_the_agreement_table_shows_the_kv_cache_row():
-    from bench.report.shape import _render_agreement
+    from bench.report.shape import render_agreement
 
     out: list[str] = []
-    _render_agreement(out.append, {"reference_quant": "f16", "steps": 49, "talker": {}, "code_predictor": {},
+    render_agreement(out.append, {"reference_quant": "f16", "steps": 49, "talker": {}, "code_predictor": {},
                                    "kv_cache": {"talker": "q8_0", "q8_0": {"code0_agree": 0.98,
                                                                            "logits_rel_rms_median": 0.016},
                                                 "q4_0": {"code0_agree": 0.94, "logits_rel_rms_median": 0.071}}})

@@ -11,8 +11,8 @@ from test_bench_first_audio import _Progress
 from bench import cli
 from bench.pipelines import peers
 from bench.pipelines.qwentts_cpp_files import (
-    _CODEC_RULES,
-    _TALKER_RULES,
+    CODEC_RULES,
+    TALKER_RULES,
     qwentts_name,
     target_type,
     write_codec,
@@ -90,13 +90,13 @@ def test_measure_runs_every_engine_side_by_side_and_reports_a_peer_that_cannot_i
 
 
 def test_names_and_quantization_follow_the_qwentts_layout():
-    assert (qwentts_name("talker.model.layers.3.self_attn.q_norm.weight", _TALKER_RULES)
+    assert (qwentts_name("talker.model.layers.3.self_attn.q_norm.weight", TALKER_RULES)
             == "talker.blk.3.attn_q_norm.weight")
-    assert qwentts_name("talker.code_predictor.lm_head.14.weight", _TALKER_RULES) == "code_pred.lm_head.14.weight"
-    assert qwentts_name("decoder.decoder.2.block.4.conv2.conv.bias", _CODEC_RULES) == "tok_dec.dec.2.res.2.conv2.bias"
-    assert qwentts_name("decoder.pre_transformer.layers.0.mlp_layer_scale.scale", _CODEC_RULES) == \
+    assert qwentts_name("talker.code_predictor.lm_head.14.weight", TALKER_RULES) == "code_pred.lm_head.14.weight"
+    assert qwentts_name("decoder.decoder.2.block.4.conv2.conv.bias", CODEC_RULES) == "tok_dec.dec.2.res.2.conv2.bias"
+    assert qwentts_name("decoder.pre_transformer.layers.0.mlp_layer_scale.scale", CODEC_RULES) == \
         "tok_dec.pre_tfm.blk.0.ffn_scale"
-    assert qwentts_name("something.else", _TALKER_RULES) is None
+    assert qwentts_name("something.else", TALKER_RULES) is None
     assert target_type("talker.blk.0.attn_q.weight", (2048, 1024), "Q8_0") == "Q8_0"
     assert target_type("tok_dec.dec.1.conv_t.weight", (1536, 768, 16), "Q8_0") == "F16"  # kernel rows of 16
     assert target_type("tok_dec.vq_first.0.codebook", (2048, 256), "Q8_0") == "F32"

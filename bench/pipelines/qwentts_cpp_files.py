@@ -45,14 +45,14 @@ _TALKER_TOP = {
     "talker.code_predictor.small_to_mtp_projection.weight": "code_pred.mtp_proj.weight",
     "talker.code_predictor.small_to_mtp_projection.bias": "code_pred.mtp_proj.bias",
 }
-_TALKER_RULES = (
+TALKER_RULES = (
     (r"talker\.model\.layers\.(\d+)\.(.+)", lambda m: f"talker.blk.{m[1]}.{_LM_LAYER[m[2]]}"),
     (r"talker\.code_predictor\.model\.layers\.(\d+)\.(.+)", lambda m: f"code_pred.blk.{m[1]}.{_LM_LAYER[m[2]]}"),
     (r"talker\.code_predictor\.model\.codec_embedding\.(\d+)\.weight", lambda m: f"code_pred.codec_embd.{m[1]}.weight"),
     (r"talker\.code_predictor\.lm_head\.(\d+)\.weight", lambda m: f"code_pred.lm_head.{m[1]}.weight"),
     (r"talker\.text_projection\.linear_fc([12])\.(weight|bias)", lambda m: f"talker.text_proj.fc{m[1]}.{m[2]}"),
 )
-_CODEC_RULES = (
+CODEC_RULES = (
     (r"decoder\.pre_conv\.conv\.(weight|bias)", lambda m: f"tok_dec.pre_conv.{m[1]}"),
     (r"decoder\.pre_transformer\.(input_proj|output_proj)\.(weight|bias)", lambda m: f"tok_dec.pre_tfm.{m[1]}.{m[2]}"),
     (r"decoder\.pre_transformer\.norm\.weight", lambda m: "tok_dec.pre_tfm.norm.weight"),
@@ -186,7 +186,7 @@ def write_talker(checkpoint: Path, out: Path, quant: str = "Q8_0", suppress_eos:
     w.add_uint32("tokenizer.ggml.eos_token_id", 151643)  # <|endoftext|>
     weights = SafetensorsFile(checkpoint / "model.safetensors")
     for name in sorted(weights):
-        target = _TALKER_TOP.get(name) or qwentts_name(name, _TALKER_RULES)
+        target = _TALKER_TOP.get(name) or qwentts_name(name, TALKER_RULES)
         if target is None:
             raise ValueError(f"no qwentts.cpp name for talker tensor {name}")
         _add(w, target, weights[name], quant)
@@ -229,7 +229,7 @@ def write_codec(checkpoint: Path, out: Path, quant: str = "Q8_0") -> None:
             continue
         if name.startswith("encoder.") or re.fullmatch(r"decoder\.quantizer\..*\.input_proj\.weight", name):
             continue  # the encoder (absent here) and the decoder-side copy of the encoder's input projection
-        target = qwentts_name(name, _CODEC_RULES)
+        target = qwentts_name(name, CODEC_RULES)
         if target is None:
             raise ValueError(f"no qwentts.cpp name for codec tensor {name}")
         _add(w, target, weights[name], quant)

@@ -7,7 +7,7 @@ from qwen3_tts_gguf.host.cpus import SPIN_COUNT
 
 from bench.busy import LOADS as BUSY_LOADS
 from bench.common import FRAME_RATE, median
-from bench.report.format import _best, _bg, _block_origin, _f, _med
+from bench.report.format import block_origin, fmt_background, low, mid, num
 from bench.report.goals import ONE_PROCESS_TARGET
 
 BUSY_LABELS = {"none": "none", "cpu1": "`stress-ng --cpu 1`", "cpu2": "`stress-ng --cpu 2`",
@@ -15,7 +15,7 @@ BUSY_LABELS = {"none": "none", "cpu1": "`stress-ng --cpu 1`", "cpu2": "`stress-n
 BUSY_WHAT = {key: what for key, _, what in BUSY_LOADS}
 
 
-def _busy_slowdowns(busy: dict) -> dict:
+def busy_slowdowns(busy: dict) -> dict:
     """{load: {who: (median RTF, best RTF, slowdown against the same block's unloaded median)}}."""
     loads = busy.get("loads", {})
     base = loads.get("none", {})
@@ -24,21 +24,21 @@ def _busy_slowdowns(busy: dict) -> dict:
         out[key] = {}
         for who in ("ours", "official", "old", "one"):
             runs = row.get(who) or []
-            med, best = _med(runs, "rtf"), _best(runs, "rtf")
-            b = _med(base.get(who) or [], "rtf")
+            med, best = mid(runs, "rtf"), low(runs, "rtf")
+            b = mid(base.get(who) or [], "rtf")
             out[key][who] = (med, best, med / b if med and b else None)
     return out
 
 
-def _busy_figure(sd: dict, load: str, who: str, index: int = 0) -> float | None:
-    """From `_busy_slowdowns`: the median RTF (index 0), best RTF (1) or slowdown (2) of `who` under `load`."""
+def busy_figure(sd: dict, load: str, who: str, index: int = 0) -> float | None:
+    """From `busy_slowdowns`: the median RTF (index 0), best RTF (1) or slowdown (2) of `who` under `load`."""
     return sd.get(load, {}).get(who, (None,) * 3)[index]
 
 
-def _weighted_slowdown(busy: dict) -> float | None:
+def weighted_slowdown(busy: dict) -> float | None:
     """Our runs at a larger CPU weight beside `stress-ng --cpu 1` against our unloaded runs."""
-    weighted = _med(busy.get("loads", {}).get("cpu1", {}).get("weighted") or [], "rtf")
-    base = _busy_figure(_busy_slowdowns(busy), "none", "ours")
+    weighted = mid(busy.get("loads", {}).get("cpu1", {}).get("weighted") or [], "rtf")
+    base = busy_figure(busy_slowdowns(busy), "none", "ours")
     return weighted / base if weighted and base else None
 
 
@@ -52,12 +52,12 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
     out: list[str] = []
     w = out.append
     w("## Busy machine\n")
-    w(_block_origin(busy, "busy", standalone) + ".\n")
+    w(block_origin(busy, "busy", standalone) + ".\n")
     if busy.get("status"):
         w(f"**Not measured**: {busy['status']}.\n")
         return "\n".join(out) + "\n"
     loads = busy.get("loads", {})
-    sd = _busy_slowdowns(busy)
+    sd = busy_slowdowns(busy)
     off_policy = (busy.get("official_summary") or {}).get("omp_wait_policy")
     off_policy = f"`{off_policy}`" if off_policy else "unset, its default"
     t, frames = busy.get("threads", 2), busy.get("frames")
@@ -92,7 +92,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         old = "–" if a[0] is None else f"{a[0]:.2f}" + ("" if key == "none" or a[2] is None else f" ({a[2]:.1f}×)")
         alone = row.get("load_alone_background")
         bg = (f"{'–' if alone is None else f'{100 * alone:.0f} %'}; "
-              + " / ".join(_bg(row.get(who) or []) for who in ("ours", "official", "old")))
+              + " / ".join(fmt_background(row.get(who) or []) for who in ("ours", "official", "old")))
         label = BUSY_LABELS.get(key, row.get("command") or key)
         if row.get("errors") and not row.get("ours"):
             w(f"| {label} | failed: {'; '.join(row['errors'])[:200]} | | | | | | {bg} |")
@@ -124,15 +124,15 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
     names = {"ours": "ours", "official": "official", "old": "old waits"}
     w("CPU each run kept busy, in cores (its process's CPU s / wall s, median), " + ", ".join(
         BUSY_LABELS.get(k, k) for k in loads) + ": " + "; ".join(
-        f"{names[who]} " + " / ".join(_f(c.get(k), 2) for k in loads) for who, c in cores.items()
+        f"{names[who]} " + " / ".join(num(c.get(k), 2) for k in loads) for who, c in cores.items()
         if any(v is not None for v in c.values())) + ".\n")
     q, fq = cores["ours"].get("none"), cores["official"].get("none")
     oq = cores["old"].get("none")
-    old_none, new_none = _busy_figure(sd, "none", "old"), _busy_figure(sd, "none", "ours")
+    old_none, new_none = busy_figure(sd, "none", "old"), busy_figure(sd, "none", "ours")
     if old_none and new_none and old_none > 1.1 * new_none:
         w(f"With `{old_env}` alone the idle llama.cpp threads spin between llama.cpp calls too, on the cores ONNX "
-          f"Runtime needs for the code predictor and the codec (the run kept {_f(oq, 2)} cores busy with no load, "
-          f"against {_f(q, 2)}), so it is slower even with no load. Before its spin cap the engine left the variables "
+          f"Runtime needs for the code predictor and the codec (the run kept {num(oq, 2)} cores busy with no load, "
+          f"against {num(q, 2)}), so it is slower even with no load. Before its spin cap the engine left the variables "
           "unset, and libgomp then spins about 3 ms before sleeping: no slower than the cap on a quiet machine, but it "
           "collapsed under load as well (`qwen3_tts_gguf/host/cpus.py` quotes RTF 2.9 quiet and 35 under `stress-ng "
           "--cpu 2`); so the quiet row overstates what the old default cost.\n")
@@ -147,8 +147,8 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         w(f"- One busy background process: slowdown ≤ {ONE_PROCESS_TARGET}×. Measured: {figs}. "
           + ("**Reached.**" if reached else "**Not reached.**"))
         c1 = cores["ours"].get("cpu1")
-        one_none, one_cpu1 = _busy_figure(sd, "none", "one"), _busy_figure(sd, "cpu1", "one")
-        ours_none, ours_cpu1 = _busy_figure(sd, "none", "ours"), _busy_figure(sd, "cpu1", "ours")
+        one_none, one_cpu1 = busy_figure(sd, "none", "one"), busy_figure(sd, "cpu1", "one")
+        ours_none, ours_cpu1 = busy_figure(sd, "none", "ours"), busy_figure(sd, "cpu1", "ours")
         if not reached and q and c1 and busy.get("autogroup") and one_none and ours_none:
             w(f"  What bounds it: the core the load leaves us, and how much a second core speeds our run up. Each "
               "load runs in a session of its own, as a program started elsewhere does, and this kernel shares the "
@@ -166,7 +166,7 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
             w(f"  What bounds it: the share of the CPU the run gets. With no load our run keeps {q:.2f} cores busy "
               f"(llama.cpp and ONNX Runtime with {t} threads each, one after the other); beside one busy process it "
               f"got {c1:.2f} while the load kept its own core (background "
-              f"{_f(100 * (loads['cpu1'].get('load_alone_background') or 0), 0)} % alone): the CPU share alone "
+              f"{num(100 * (loads['cpu1'].get('load_alone_background') or 0), 0)} % alone): the CPU share alone "
               f"explains about {q / c1:.2f}×, and ≤ {ONE_PROCESS_TARGET}× needs {q / ONE_PROCESS_TARGET:.2f} of the "
               f"2 cores (an even split of the 2 cores among our {t} threads and the load's one would give "
               f"{2 * t / (t + 1):.2f}).")
@@ -174,20 +174,20 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
             w("  The memory-bandwidth hog is a busy process as well (it keeps one core) and also takes the "
               "bandwidth that the talker and code predictor steps need (they read all their weights once per "
               "step, see *Each stage next to its physical limit*).")
-        weighted, cpu1 = _weighted_slowdown(busy), loads.get("cpu1", {})
+        weighted, cpu1 = weighted_slowdown(busy), loads.get("cpu1", {})
         if weighted is not None:
             runs = cpu1.get("weighted") or []
             nice = busy.get("weighted_nice", 0)
             w(f"  With a larger CPU weight: our engine in a session of its own at autogroup nice {nice} (a CFS "
               f"weight about {1.25 ** -nice:.1f}× the load's, 1.25× per nice step: what an operator gives a service "
-              f"with systemd's `CPUWeight=` or `nice`, docs/deploy.md) took RTF {_med(runs, 'rtf'):.2f} beside "
-              f"`stress-ng --cpu 1`, keeping {_f(_cores(runs), 2)} cores busy: {weighted:.2f}× our unloaded RTF, "
+              f"with systemd's `CPUWeight=` or `nice`, docs/deploy.md) took RTF {mid(runs, 'rtf'):.2f} beside "
+              f"`stress-ng --cpu 1`, keeping {num(_cores(runs), 2)} cores busy: {weighted:.2f}× our unloaded RTF, "
               + ("within" if weighted <= ONE_PROCESS_TARGET else "still above") + f" the {ONE_PROCESS_TARGET}× target.")
         elif cpu1.get("weighted_error"):
             w(f"  With a larger CPU weight: not measured ({cpu1['weighted_error'][:200]}).")
     else:
         w(f"- One busy background process: slowdown ≤ {ONE_PROCESS_TARGET}×. Not measured.")
-    o2, f2 = _busy_figure(sd, "cpu2", "ours", 2), _busy_figure(sd, "cpu2", "official", 2)
+    o2, f2 = busy_figure(sd, "cpu2", "ours", 2), busy_figure(sd, "cpu2", "official", 2)
     if o2 is not None and f2 is not None:
         reached = o2 <= f2
         w(f"- Two busy background processes: no worse than the official implementation's slowdown under the same "
@@ -203,14 +203,15 @@ def render_busy(busy: dict, standalone: bool = False) -> str:
         if not reached and q and c2:
             w(f"  What bounds it: two processes on two cores means our {t} threads share them with the load: our "
               f"run got {c2:.2f} cores instead of the {q:.2f} it keeps busy alone, the CPU share alone explains "
-              f"about {q / c2:.2f}×. The official pipeline keeps only {_f(fq, 2)} cores busy with no load (most of its "
+              f"about {q / c2:.2f}×. The official pipeline "
+              f"keeps only {num(fq, 2)} cores busy with no load (most of its "
               f"time on one thread), so losing a core costs it little: its smaller slowdown comes from using less of "
               f"the machine, not from being faster (under this load its RTF is {rtf_f:.2f}, ours {rtf_o:.2f}).")
     else:
         w("- Two busy background processes: no worse than the official implementation's slowdown under the same "
-          f"load. Measured under `stress-ng --cpu 2`: ours {_f(o2, 2)}×, official {_f(f2, 2)}× (incomplete).")
-    old2, new2 = _busy_figure(sd, "cpu2", "old"), _busy_figure(sd, "cpu2", "ours")
-    old1, new1 = _busy_figure(sd, "cpu1", "old"), _busy_figure(sd, "cpu1", "ours")
+          f"load. Measured under `stress-ng --cpu 2`: ours {num(o2, 2)}×, official {num(f2, 2)}× (incomplete).")
+    old2, new2 = busy_figure(sd, "cpu2", "old"), busy_figure(sd, "cpu2", "ours")
+    old1, new1 = busy_figure(sd, "cpu1", "old"), busy_figure(sd, "cpu1", "ours")
     if (old2 and new2) or (old1 and new1):
         parts = [f"{BUSY_LABELS[k]}: RTF {o:.2f} with spinning waits, {n:.2f} with sleeping ones ({o / n:.1f}×)"
                  for k, o, n in (("cpu1", old1, new1), ("cpu2", old2, new2)) if o and n]

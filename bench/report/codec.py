@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.common import median
-from bench.report.format import _block_origin
+from bench.report.format import block_origin
 
 
 def render_codec(block: dict, standalone: bool = False) -> str:
@@ -13,7 +13,7 @@ def render_codec(block: dict, standalone: bool = False) -> str:
     out: list[str] = []
     w = out.append
     w("## Codec precision\n")
-    w(_block_origin(block, "codec", standalone) + f": the 0.6B headline model's codec, {block.get('threads', 2)} "
+    w(block_origin(block, "codec", standalone) + f": the 0.6B headline model's codec, {block.get('threads', 2)} "
       f"threads, {block.get('frames')} random frames decoded in the engine's chunks "
       f"({' + '.join(map(str, block.get('chunks', [])))}), {block.get('rounds')} rounds with the variants "
       "alternating, one process.\n")

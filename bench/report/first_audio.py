@@ -3,9 +3,19 @@ against each target (for *Targets*)."""
 
 from __future__ import annotations
 
-from bench.report.format import _best, _bg, _block_origin, _f, _goal, _med, _ms, _ok, _verdict
+from bench.report.format import (
+    block_origin,
+    fmt_background,
+    fmt_goal,
+    fmt_verdict,
+    low,
+    mid,
+    msec,
+    num,
+    ok_result,
+)
 from bench.report.goals import TTFA_TARGETS
-from bench.report.results import _latency_medians, _rest_s
+from bench.report.results import latency_medians, rest_s
 
 FIRST_AUDIO_CASES = {"non-streaming/cold": "non-streaming, cold", "non-streaming/cached": "non-streaming, cached",
                      "streaming/cold": "streaming, cold", "streaming/cached": "streaming, cached",
@@ -13,9 +23,9 @@ FIRST_AUDIO_CASES = {"non-streaming/cold": "non-streaming, cold", "non-streaming
 """OursSession.LATENCY_CASES' keys -> column headings of the time-to-first-audio block"""
 
 
-def _first_audio_medians(block: dict) -> dict[str, dict[str, dict]]:
+def first_audio_medians(block: dict) -> dict[str, dict[str, dict]]:
     """{configuration: {case: {measure: median}}} of the time-to-first-audio block."""
-    return {label: _latency_medians({"latency": c.get("runs") or []})
+    return {label: latency_medians({"latency": c.get("runs") or []})
             for label, c in (block.get("configs") or {}).items()}
 
 
@@ -24,7 +34,7 @@ def render_first_audio(block: dict, standalone: bool = False) -> str:
     out: list[str] = []
     w = out.append
     w("## Time to first audio per configuration\n")
-    w(_block_origin(block, "latency", standalone) + f": 0.6B, {block.get('threads', 2)} threads, "
+    w(block_origin(block, "latency", standalone) + f": 0.6B, {block.get('threads', 2)} threads, "
       f"{block.get('rounds')} rounds with the configurations alternating, each in its own worker. The cases are those "
       "of the headline's *Time to first audio* table (the same sentences, a new one each run); the configurations "
       "are those a user can choose with the converter's and the server's options. The first frame waits for the "
@@ -35,19 +45,19 @@ def render_first_audio(block: dict, standalone: bool = False) -> str:
     if not configs:
         w("**Not measured.**\n")
         return "\n".join(out) + "\n"
-    meds = _first_audio_medians(block)
+    meds = first_audio_medians(block)
     w("| configuration (model) | " + " | ".join(f"{words}, s" for words in FIRST_AUDIO_CASES.values()) + " | bg |")
     w("|---|" + "---|" * len(FIRST_AUDIO_CASES) + "---|")
     for label, c in configs.items():
-        runs = [r["cases"] for r in c.get("runs") or [] if _ok(r)]
+        runs = [r["cases"] for r in c.get("runs") or [] if ok_result(r)]
         cells = []
         for case in FIRST_AUDIO_CASES:
             rs = [r[case] for r in runs if case in r]
-            cells.append(f"{_f(_med(rs, 'first_audio_s'), 3)} ({_f(_best(rs, 'first_audio_s'), 3)})" if rs else "–")
-        bg = _bg([r[case] for r in runs for case in r])
+            cells.append(f"{num(mid(rs, 'first_audio_s'), 3)} ({num(low(rs, 'first_audio_s'), 3)})" if rs else "–")
+        bg = fmt_background([r[case] for r in runs for case in r])
         errors = f"; {len(c['errors'])} runs failed: {c['errors'][0]}" if c.get("errors") else ""
         w(f"| {label} (`{c.get('model')}`{errors}) | " + " | ".join(cells) + f" | {bg} |")
-    w("| target | " + " | ".join(_goal(TTFA_TARGETS[case], 2) if case in TTFA_TARGETS else "report"
+    w("| target | " + " | ".join(fmt_goal(TTFA_TARGETS[case], 2) if case in TTFA_TARGETS else "report"
                                   for case in FIRST_AUDIO_CASES) + " | |")
     w("")
     w("Median (best) of each configuration's runs. Where the non-streaming cold case's time goes (medians, ms):\n")
@@ -56,9 +66,9 @@ def render_first_audio(block: dict, standalone: bool = False) -> str:
     for label, m in meds.items():
         cold = m.get("non-streaming/cold") or {}
         runs = [r["cases"]["non-streaming/cold"] for r in configs[label].get("runs") or []
-                if _ok(r) and "non-streaming/cold" in r.get("cases", {})]
-        w(f"| {label} | {_f(cold.get('prefill_rows'), 0)} | {_ms(cold.get('prefill_s'))} | "
-          f"{_ms(cold.get('predictor_s'))} | {_ms(cold.get('codec_s'))} | {_ms(_rest_s(runs))} |")
+                if ok_result(r) and "non-streaming/cold" in r.get("cases", {})]
+        w(f"| {label} | {num(cold.get('prefill_rows'), 0)} | {msec(cold.get('prefill_s'))} | "
+          f"{msec(cold.get('predictor_s'))} | {msec(cold.get('codec_s'))} | {msec(rest_s(runs))} |")
     w("")
     lines = [line for line in (_first_audio_target(meds, case, goal) for case, goal in TTFA_TARGETS.items()) if line]
     if lines:
@@ -68,7 +78,7 @@ def render_first_audio(block: dict, standalone: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-def _first_audio_best(meds: dict[str, dict[str, dict]], case: str) -> tuple[str | None, float | None]:
+def first_audio_best(meds: dict[str, dict[str, dict]], case: str) -> tuple[str | None, float | None]:
     """The configuration with the lowest median first audio in `case`, and that median."""
     figures = [(m[case]["first_audio_s"], label) for label, m in meds.items()
                if m.get(case, {}).get("first_audio_s") is not None]
@@ -80,30 +90,30 @@ def _first_audio_best(meds: dict[str, dict[str, dict]], case: str) -> tuple[str 
 
 def _first_audio_target(meds: dict, case: str, goal: float) -> tuple[str, str, float, str] | None:
     """(sentence, the configuration, its median, verdict) of the lowest median of `case` against `goal`."""
-    label, value = _first_audio_best(meds, case)
+    label, value = first_audio_best(meds, case)
     if label is None:
         return None
-    verdict = _verdict(value, goal) + (" with that configuration" if value <= goal else "")
+    verdict = fmt_verdict(value, goal) + (" with that configuration" if value <= goal else "")
     return (f"{FIRST_AUDIO_CASES[case]}: {value:.3f} s with {label} against ≤ {goal:.2f} s: {verdict}", label, value,
             verdict)
 
 
-def _fastest_cold_words(block: dict) -> str:
+def fastest_cold_words(block: dict) -> str:
     """" The fastest configuration measured, X, ..." for the non-streaming cold bound line; "" without one."""
-    meds = _first_audio_medians(block)
-    label, value = _first_audio_best(meds, "non-streaming/cold")
+    meds = first_audio_medians(block)
+    label, value = first_audio_best(meds, "non-streaming/cold")
     if label is None:
         return ""
     cold = meds[label]["non-streaming/cold"]
     return (f" The configuration with the fastest first audio here, {label}, took {value:.3f} s: prefill "
-            f"{_ms(cold.get('prefill_s'))} ms, code predictor {_ms(cold.get('predictor_s'))} ms, codec "
-            f"{_ms(cold.get('codec_s'))} ms (*Time to first audio per configuration*).")
+            f"{msec(cold.get('prefill_s'))} ms, code predictor {msec(cold.get('predictor_s'))} ms, codec "
+            f"{msec(cold.get('codec_s'))} ms (*Time to first audio per configuration*).")
 
 
-def _first_audio_targets(block: dict) -> list[str]:
+def first_audio_targets(block: dict) -> list[str]:
     """Rows of the targets' block table from the time-to-first-audio block: per target, the lowest median
     of the configurations."""
-    meds = _first_audio_medians(block)
+    meds = first_audio_medians(block)
     rows = []
     for case, goal in TTFA_TARGETS.items():
         found = _first_audio_target(meds, case, goal)
@@ -111,6 +121,6 @@ def _first_audio_targets(block: dict) -> list[str]:
             continue
         _, label, value, verdict = found
         rows.append(f"| time to first audio, {FIRST_AUDIO_CASES[case]}: the fastest configuration, s | "
-                    f"{_goal(goal, 2)} | {value:.3f} with {label} (0.6B) | {verdict} (*Time to first audio per "
+                    f"{fmt_goal(goal, 2)} | {value:.3f} with {label} (0.6B) | {verdict} (*Time to first audio per "
                     "configuration*) |")
     return rows

@@ -8,7 +8,7 @@ from qwen3_tts_gguf.convert.presets import PRESETS
 from bench.common import median
 
 
-def _f(x, digits: int = 0, unit: str = "") -> str:
+def num(x, digits: int = 0, unit: str = "") -> str:
     if x is None:
         return "–"
     if isinstance(x, float) and digits == 0 and abs(x) < 10:
@@ -16,74 +16,74 @@ def _f(x, digits: int = 0, unit: str = "") -> str:
     return f"{x:,.{digits}f}{unit}"
 
 
-def _ms(x) -> str:
-    return "–" if x is None else _f(1e3 * x)
+def msec(x) -> str:
+    return "–" if x is None else num(1e3 * x)
 
 
 def _vals(runs: list, key: str) -> list:
     return [r.get(key) for r in runs if r.get(key) is not None]
 
 
-def _med(runs, key):
+def mid(runs, key):
     return median(_vals(runs, key))
 
 
-def _best(runs, key):
+def low(runs, key):
     v = _vals(runs, key)
     return min(v) if v else None
 
 
-def _mb(x) -> str:
+def gib(x) -> str:
     return "–" if x is None else f"{x / 1024:.2f} GB"
 
 
-def _gb(nbytes) -> str:
+def fmt_bytes(nbytes) -> str:
     return f"{nbytes / 1e9:.3f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
 
 
-def _x(a, b, digits: int = 1) -> str:
+def fmt_ratio(a, b, digits: int = 1) -> str:
     if not a or not b:
         return "–"
     return f"{a / b:.{digits}f}×"
 
 
-def _share(values) -> str:
+def fmt_share(values) -> str:
     """The median of shares (0..1) as a percentage, or "–"."""
     m = median(values)
     return "–" if m is None else f"{100 * m:.0f} %"
 
 
-def _bg(runs) -> str:
-    return _share(_vals(runs, "background"))
+def fmt_background(runs) -> str:
+    return fmt_share(_vals(runs, "background"))
 
 
-def _ok(r) -> bool:
+def ok_result(r) -> bool:
     return isinstance(r, dict) and "error" not in r
 
 
-def _split(key: str) -> tuple[str, str, str]:
+def split_config(key: str) -> tuple[str, str, str]:
     """'q8_0+int8/t2' -> ('q8_0', 'int8', '2')"""
     qc, t = key.split("/t")
     q, _, cp = qc.partition("+")
     return q, cp or "fp32", t
 
 
-def _goal(value: float, digits: int = 1, unit: str = "") -> str:
+def fmt_goal(value: float, digits: int = 1, unit: str = "") -> str:
     return f"≤ {value:.{digits}f}{unit}"
 
 
-def _verdict(value, goal) -> str:
+def fmt_verdict(value, goal) -> str:
     if value is None:
         return "not measured"
     return "**reached**" if value <= goal else "**not reached**"
 
 
-def _preset_words(name: str) -> str:
+def preset_words(name: str) -> str:
     """'fast' -> 'talker q4_k_m, code predictor int4'"""
     return f"talker {PRESETS[name].quant}, code predictor {PRESETS[name].cp_precision}"
 
 
-def _block_origin(block: dict, name: str, standalone: bool) -> str:
+def block_origin(block: dict, name: str, standalone: bool) -> str:
     """"Measured on DATE at commit C[ by `python -m bench --only NAME`; ...]" for a block that may run alone."""
     return (f"Measured on {block.get('date', '?')} at commit `{block.get('commit', '?')}`"
             + (f" (+{block['dirty_files']} modified tracked files)" if block.get("dirty_files") else "")

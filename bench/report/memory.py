@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from qwen3_tts_gguf.model.settings import KV_CELLS_PER_STREAM
 
-from bench.report.format import _block_origin, _ok
+from bench.report.format import block_origin, ok_result
 from bench.report.goals import MEMORY_TARGET_MB
 
 MEMORY_PARTS = {"runtimes": "Python, numpy, ONNX Runtime, llama.cpp loaded", "tokenizer_tables":
@@ -14,7 +14,7 @@ MEMORY_PARTS = {"runtimes": "Python, numpy, ONNX Runtime, llama.cpp loaded", "to
                 "codec": "codec decoder graph"}
 
 
-def _lowest_peak(kvs: dict) -> tuple[str | None, float | None]:
+def lowest_peak(kvs: dict) -> tuple[str | None, float | None]:
     """The KV cache whose 8-stream peak RSS (MiB) is the lowest among the memory block's `kvs`, and that peak."""
     if not kvs:
         return None, None
@@ -22,7 +22,7 @@ def _lowest_peak(kvs: dict) -> tuple[str | None, float | None]:
     return kv, kvs[kv]["peak"]["peak_mb"]
 
 
-def _lean_memory(mem: dict) -> tuple[str, str, str, float] | None:
+def lean_memory(mem: dict) -> tuple[str, str, str, float] | None:
     """The memory block's other 0.6B configuration with the lowest 8-stream peak: (label, model, KV cache,
     peak MiB), or None."""
     found = []
@@ -30,12 +30,12 @@ def _lean_memory(mem: dict) -> tuple[str, str, str, float] | None:
         if not label.startswith("0.6b "):
             continue
         for kv, entry in block.get("kv", {}).items():
-            if _ok(entry.get("peak")):
+            if ok_result(entry.get("peak")):
                 found.append((label, block.get("model", "?"), kv, entry["peak"]["peak_mb"]))
     return min(found, key=lambda f: f[3]) if found else None
 
 
-def _config_words(label: str) -> str:
+def config_words(label: str) -> str:
     """"0.6b --preset fast" -> "`--preset fast`"."""
     return f"`{label.split(' ', 1)[1]}`"
 
@@ -45,9 +45,9 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
     out: list[str] = []
     w = out.append
     w("## Memory\n")
-    w(_block_origin(mem, "memory", standalone)
+    w(block_origin(mem, "memory", standalone)
       + f", model `{mem.get('model', '?')}`, {mem.get('threads', 2)} threads.\n")
-    kvs = {k: v for k, v in mem.get("kv", {}).items() if _ok(v.get("parts")) and _ok(v.get("peak"))}
+    kvs = {k: v for k, v in mem.get("kv", {}).items() if ok_result(v.get("parts")) and ok_result(v.get("peak"))}
     if not kvs:
         w("**Not measured** (the workers failed; see the bench's output).\n")
         return "\n".join(out) + "\n"
@@ -73,14 +73,14 @@ def render_memory(mem: dict, standalone: bool = False) -> str:
     files = kvs[names[0]]["parts"].get("files_mb", {})
     w("")
     w("Files on disk: " + ", ".join(f"{n} {mb:.0f}" for n, mb in sorted(files.items())) + " MiB.\n")
-    best_kv, best = _lowest_peak(kvs)
+    best_kv, best = lowest_peak(kvs)
     weights = sum(mb for n, mb in files.items() if not n.startswith("text_tables"))
     verdict = "reached" if best <= MEMORY_TARGET_MB else "not reached"
-    lean = _lean_memory(mem)
+    lean = lean_memory(mem)
     if lean and best > MEMORY_TARGET_MB:
         label, model, lean_kv, lean_peak = lean
         lean_verdict = "reached" if lean_peak <= MEMORY_TARGET_MB else "not reached"
-        w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{lean_verdict} with {_config_words(label)} "
+        w(f"Target: peak ≤ {MEMORY_TARGET_MB} MiB for up to 8 streams: **{lean_verdict} with {config_words(label)} "
           f"and KV cache {lean_kv}** ({lean_peak:.0f} MiB, `{model}`, in the table below); with the default "
           f"weights **{verdict}** ({best:.0f} MiB, KV cache {best_kv}).\n")
     else:
@@ -106,7 +106,7 @@ def _render_other_shapes(w, shapes: dict) -> None:
     for shape, block in shapes.items():
         kv, entry = next(iter(block.get("kv", {}).items()), (None, {}))
         parts, peak = entry.get("parts", {}), entry.get("peak", {})
-        if not (_ok(parts) and _ok(peak)):
+        if not (ok_result(parts) and ok_result(peak)):
             rows.append(f"| {shape} | {kv} | not measured | | | | | |")
             continue
         shares = parts["shares_mb"]

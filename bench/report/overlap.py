@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.common import median
 from bench.experiments import OVERLAP_RUNTIMES, OVERLAP_VARIANTS
-from bench.report.format import _block_origin, _f, _goal, _preset_words, _verdict
+from bench.report.format import block_origin, fmt_goal, fmt_verdict, num, preset_words
 from bench.report.goals import CONCURRENT_RTF_TARGET, FAST_RTF_TARGET
 
 
@@ -14,7 +14,7 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
     out: list[str] = []
     w = out.append
     w("## Codec overlap\n")
-    w(_block_origin(block, "overlap", standalone) + f": 0.6B, talker q8_0, code predictor int8, "
+    w(block_origin(block, "overlap", standalone) + f": 0.6B, talker q8_0, code predictor int8, "
       f"{block.get('threads', 2)} threads, {block.get('frames')} frames per utterance, {block.get('rounds')} rounds "
       "with the variants alternating, each in its own worker; then eight concurrent streams each.\n")
     w("*Inline*: the engine thread calls the codec between the code predictor and the talker step, so the three "
@@ -38,7 +38,7 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
             w("\n" + line)
     fast = block.get("fast")
     if fast:
-        w(f"\nWith `--preset fast` ({_preset_words('fast')}), the default codec and OpenVINO's, measured the same way "
+        w(f"\nWith `--preset fast` ({preset_words('fast')}), the default codec and OpenVINO's, measured the same way "
           "after the table above:\n")
         w(fast.get("markdown", "**Not measured.**"))
         line = _overlap_comparison("`--preset fast`: the codec on OpenVINO against the default", fast, default,
@@ -49,27 +49,28 @@ def render_overlap(block: dict, standalone: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-def _overlap_targets(block: dict) -> list[str]:
+def overlap_targets(block: dict) -> list[str]:
     """Rows of the targets' block table from the overlap block's OpenVINO variants: one stream with `--preset
     fast` and the codec on OpenVINO, and eight streams on OpenVINO with either weights."""
     _, openvino = OVERLAP_RUNTIMES
-    default, fast = _overlap_medians(block, openvino), _overlap_medians(block.get("fast") or {}, openvino)
+    default, fast = overlap_medians(block, openvino), overlap_medians(block.get("fast") or {}, openvino)
     rows = []
     if fast[0] is not None:
-        rows.append(f"| one stream, `--preset fast` ({_preset_words('fast')}) with `--codec-runtime openvino`: RTF | "
-                    f"{_goal(FAST_RTF_TARGET)} | {_f(fast[0], 2)} (0.6B; peak RSS after eight streams "
-                    f"{_f(fast[3], 0)} MiB) | {_verdict(fast[0], FAST_RTF_TARGET)} (*Codec overlap*) |")
-    eight = [(f"{_f(v, 2)} with {words}", v) for v, words in ((default[1], "the default weights"),
+        rows.append(f"| one stream, `--preset fast` ({preset_words('fast')}) with `--codec-runtime openvino`: RTF | "
+                    f"{fmt_goal(FAST_RTF_TARGET)} | {num(fast[0], 2)} (0.6B; peak RSS after eight streams "
+                    f"{num(fast[3], 0)} MiB) | {fmt_verdict(fast[0], FAST_RTF_TARGET)} (*Codec overlap*) |")
+    eight = [(f"{num(v, 2)} with {words}", v) for v, words in ((default[1], "the default weights"),
                                                                (fast[1], "`--preset fast`")) if v is not None]
     if eight:
         best = min(v for _, v in eight)
-        rows.append(f"| eight streams with `--codec-runtime openvino`: aggregate RTF | {_goal(CONCURRENT_RTF_TARGET)} "
-                    f"| {'; '.join(t for t, _ in eight)} (0.6B) | {_verdict(best, CONCURRENT_RTF_TARGET)} "
+        rows.append(f"| eight streams with `--codec-runtime openvino`: aggregate RTF | "
+                    f"{fmt_goal(CONCURRENT_RTF_TARGET)} "
+                    f"| {'; '.join(t for t, _ in eight)} (0.6B) | {fmt_verdict(best, CONCURRENT_RTF_TARGET)} "
                     "(*Codec overlap*) |")
     return rows
 
 
-def _overlap_medians(block: dict, variant: str) -> tuple[float | None, float | None, float | None, float | None]:
+def overlap_medians(block: dict, variant: str) -> tuple[float | None, float | None, float | None, float | None]:
     """(one stream's median RTF, eight streams' aggregate RTF, median first audio s, peak RSS MiB) of a variant
     in an overlap comparison (the block's "runs" and "concurrency"); None where not measured."""
     runs = (block.get("runs") or {}).get(variant) or []
@@ -82,7 +83,7 @@ def _overlap_medians(block: dict, variant: str) -> tuple[float | None, float | N
 def _overlap_comparison(label: str, block: dict, before: str, after: str) -> str | None:
     """"label: one stream's RTF a → b (%); eight streams' ...; first audio ...; peak RSS ...." or None
     when either variant has no single-stream runs."""
-    (a, ca, fa, pa), (b, cb, fb, pb) = _overlap_medians(block, before), _overlap_medians(block, after)
+    (a, ca, fa, pa), (b, cb, fb, pb) = overlap_medians(block, before), overlap_medians(block, after)
     if not (a and b):
         return None
     line = f"{label}: one stream's RTF {a:.2f} → {b:.2f} ({100 * (b / a - 1):+.0f} %)"

@@ -9,12 +9,12 @@ from bench.experiments import EXPERIMENTS, STRESS_ARGS
 from bench.report.busy import render_busy
 from bench.report.codec import render_codec
 from bench.report.first_audio import render_first_audio
-from bench.report.format import _f, _ok
+from bench.report.format import num, ok_result
 from bench.report.memory import render_memory
 from bench.report.overlap import render_overlap
 from bench.report.peers import render_peers
-from bench.report.results import _limits, _probe_spread
-from bench.report.shape import _render_shape
+from bench.report.results import limit_values, probe_spread
+from bench.report.shape import render_shape
 from bench.report.stages import render_stages
 from bench.report.targets import render_targets
 
@@ -27,7 +27,7 @@ SAMPLING = "temperature 0.9, top-k 50, top-p 1.0 for codebook 0 (repetition pena
 
 def render(res: dict) -> str:
     plan, m = res["plan"], res["machine"]
-    lim = _limits(res)
+    lim = limit_values(res)
     out: list[str] = []
     w = out.append
     quick = plan["mode"] == "quick"
@@ -95,7 +95,7 @@ def render(res: dict) -> str:
     if res["shapes"]:
         w(render_targets(res))
     for shape, entry in res["shapes"].items():
-        _render_shape(w, shape, entry, res, lim, plan)
+        render_shape(w, shape, entry, res, lim, plan)
 
     if res.get("busy"):
         w(render_busy(res["busy"]))
@@ -114,30 +114,31 @@ def render(res: dict) -> str:
 
     # -- machine limits -------------------------------------------------------------------
     L = res.get("machine_limits", {})
-    if _ok(L):
+    if ok_result(L):
         t = L.get("threads", 2)
         w("## Machine limits (measured in the same run)\n")
         w("| measurement | best | median | how |\n|---|---|---|---|")
-        w(f"| memory read, 1 thread | {_f(L.get('read_gbs_1t'), 1)} GB/s | {_f(L.get('read_gbs_1t_median'), 1)} GB/s | "
+        w(f"| memory read, 1 thread | {num(L.get('read_gbs_1t'), 1)} GB/s | "
+          f"{num(L.get('read_gbs_1t_median'), 1)} GB/s | "
           f"best of numpy sum / max / dot over a {L.get('buffer_mib')} MiB buffer |")
         if t != 1:
-            w(f"| memory read, {t} threads | {_f(L.get(f'read_gbs_{t}t'), 1)} GB/s | "
-              f"{_f(L.get(f'read_gbs_{t}t_median'), 1)} GB/s | same, {t} threads on equal slices |")
-            w(f"| memory copy, {t} threads | {_f(L.get(f'copy_gbs_{t}t'), 1)} GB/s | "
-              f"{_f(L.get(f'copy_gbs_{t}t_median'), 1)} GB/s | read + write counted (STREAM convention) |")
-        w(f"| ORT fp32 M=1 MatMul chain | {_f(L.get('gemv_stream_gbs'), 1)} GB/s | "
-          f"{_f(L.get('gemv_stream_gbs_median'), 1)} GB/s | 8 × [1,1024]·[1024,3072]-sized weights (100 MB), weight "
+            w(f"| memory read, {t} threads | {num(L.get(f'read_gbs_{t}t'), 1)} GB/s | "
+              f"{num(L.get(f'read_gbs_{t}t_median'), 1)} GB/s | same, {t} threads on equal slices |")
+            w(f"| memory copy, {t} threads | {num(L.get(f'copy_gbs_{t}t'), 1)} GB/s | "
+              f"{num(L.get(f'copy_gbs_{t}t_median'), 1)} GB/s | read + write counted (STREAM convention) |")
+        w(f"| ORT fp32 M=1 MatMul chain | {num(L.get('gemv_stream_gbs'), 1)} GB/s | "
+          f"{num(L.get('gemv_stream_gbs_median'), 1)} GB/s | 8 × [1,1024]·[1024,3072]-sized weights (100 MB), weight "
           f"bytes / time, {t} threads |")
-        w(f"| ORT fp32 GEMM | {_f(L.get('gemm_gflops'))} GFLOP/s | {_f(L.get('gemm_gflops_median'))} GFLOP/s | "
+        w(f"| ORT fp32 GEMM | {num(L.get('gemm_gflops'))} GFLOP/s | {num(L.get('gemm_gflops_median'))} GFLOP/s | "
           f"[256,2048]·[2048,2048], {t} threads |")
-        w(f"| ORT fp32 Conv1d | {_f(L.get('conv_gflops'))} GFLOP/s | {_f(L.get('conv_gflops_median'))} GFLOP/s | "
+        w(f"| ORT fp32 Conv1d | {num(L.get('conv_gflops'))} GFLOP/s | {num(L.get('conv_gflops_median'))} GFLOP/s | "
           f"384→384 channels, k7, dilation 3, 1280 samples (a codec residual unit), {t} threads |")
-        w(f"| numpy fp32 GEMM | {_f(L.get('numpy_gemm_gflops'))} GFLOP/s | {_f(L.get('numpy_gemm_gflops_median'))} "
+        w(f"| numpy fp32 GEMM | {num(L.get('numpy_gemm_gflops'))} GFLOP/s | {num(L.get('numpy_gemm_gflops_median'))} "
           f"GFLOP/s | 2048³, OpenBLAS |")
         w("")
         w("The lower bounds above use the best weight-streaming rate (the larger of the memory reads and the ORT "
           "MatMul chain) and the best Conv1d throughput measured here, at the start and at the end of the run. "
-          + _probe_spread(res) + "On a shared or virtual machine the bandwidth varies with the neighbours, so a "
+          + probe_spread(res) + "On a shared or virtual machine the bandwidth varies with the neighbours, so a "
           "bound is a floor for *this* run, not a constant.\n")
 
     w("## Reproduce\n")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from bench.report.format import _best, _bg, _block_origin, _f, _med
+from bench.report.format import block_origin, fmt_background, low, mid, num
 
 
 def _spread(runs: list[dict], key: str, digits: int) -> str:
     """"median (best)" of `key` over `runs` (lower is better), or "–"."""
-    best = _best(runs, key)
-    return "–" if best is None else f"{_f(_med(runs, key), digits)} ({_f(best, digits)})"
+    best = low(runs, key)
+    return "–" if best is None else f"{num(mid(runs, key), digits)} ({num(best, digits)})"
 
 
 def _frames(runs: list[dict], key: str) -> str:
@@ -33,8 +33,8 @@ def engine_row(label: str, e: dict) -> str:
     note = f" ({failed} rounds failed)" if failed else ""
     return (f"| {label}{note} | {e.get('format', '–')} | {_spread(runs, 'rtf', 2)} | {_spread(longs, 'rtf', 2)} | "
             f"{_spread(longs, 'first_audio_s', 3)} | "
-            f"{_f(summary.get('peak_rss_mb'), 0)} | {_frames(runs, 'long')} / {_frames(runs, 'short')} | "
-            f"{_bg([r[k] for r in runs for k in ('short', 'long')])} |")
+            f"{num(summary.get('peak_rss_mb'), 0)} | {_frames(runs, 'long')} / {_frames(runs, 'short')} | "
+            f"{fmt_background([r[k] for r in runs for k in ('short', 'long')])} |")
 
 
 def render_peers(block: dict, standalone: bool = False) -> str:
@@ -46,7 +46,7 @@ def render_peers(block: dict, standalone: bool = False) -> str:
     load = block.get("loadavg_start") or []
     cpu = (f"on {block['cpu']}, {block.get('cores')} cores{' (virtual machine)' if block.get('hypervisor') else ''}"
            f", flags {', '.join(block.get('flags') or []) or '–'}; " if block.get("cpu") else "")
-    w(_block_origin(block, "peers", standalone) + f": {cpu}the same random checkpoint for every engine, "
+    w(block_origin(block, "peers", standalone) + f": {cpu}the same random checkpoint for every engine, "
       f"{block.get('threads', 2)} threads each, EOS suppressed, every engine loaded once in a worker of its own and "
       f"warmed up, then {block.get('rounds')} rounds in a rotating order, each engine making a {short}-frame and a "
       f"{long}-frame utterance per round (speaker ryan, English, the headline sentence, the shipped sampling "

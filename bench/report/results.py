@@ -4,10 +4,10 @@ stages against their lower bounds, and the medians of time-to-first-audio runs."
 from __future__ import annotations
 
 from bench.common import median
-from bench.report.format import _med, _ok, _split
+from bench.report.format import mid, ok_result, split_config
 
 
-def _limits(res: dict) -> dict:
+def limit_values(res: dict) -> dict:
     """Best weight-streaming rate (numpy reads or ORT's M=1 MatMul chain, whichever pulled more)
     and best convolution throughput."""
     lim = res.get("machine_limits", {})
@@ -16,7 +16,7 @@ def _limits(res: dict) -> dict:
     return {"bw": max(reads) if reads else None, "conv": lim.get("conv_gflops"), "gemm": lim.get("gemm_gflops")}
 
 
-def _probe_spread(res: dict) -> str:
+def probe_spread(res: dict) -> str:
     runs = [r for r in res.get("machine_limits_runs", []) if isinstance(r, dict) and "error" not in r]
     if len(runs) < 2:
         return ""
@@ -29,10 +29,10 @@ def _probe_spread(res: dict) -> str:
             f"{' and '.join(f'{v:.1f}' for v in gemv)} GB/s (ORT MatMul chain). ")
 
 
-def _headline_run(entry: dict):
+def headline_run(entry: dict):
     ours = entry.get("ours", {})
     for key in (entry.get("headline"), *ours):
-        if key in ours and _ok(ours[key]) and ours[key].get("single"):
+        if key in ours and ok_result(ours[key]) and ours[key].get("single"):
             return key, ours[key]
     return None, None
 
@@ -41,13 +41,13 @@ STAGE_KEYS = {"talker": "talker_step_ms", "code predictor": "predictor_ms", "cod
 """A stage's per-frame time in a single-stream run's measurements."""
 
 
-def _stage_bounds(entry: dict, lim: dict) -> list[tuple[str, float, float]]:
+def stage_bound_values(entry: dict, lim: dict) -> list[tuple[str, float, float]]:
     """(stage, ms per frame in the engine, lower bound) of the headline configuration's three stages:
     talker and code predictor at the best weight-streaming rate, the codec at the best Conv1d rate."""
-    key, head = _headline_run(entry)
+    key, head = headline_run(entry)
     if not head or not lim.get("bw"):
         return []
-    quant, cp, _ = _split(key)
+    quant, cp, _ = split_config(key)
     costs = entry.get("costs", {})
     predictors = costs.get("predictors") or ({"fp32": costs["predictor"]} if costs.get("predictor") else {})
     talker_bytes = costs.get("talker_by_quant", {}).get(quant, {}).get("bytes_per_step", 0)
@@ -55,19 +55,19 @@ def _stage_bounds(entry: dict, lim: dict) -> list[tuple[str, float, float]]:
     bound = {"talker": 1e3 * talker_bytes / (lim["bw"] * 1e9),
              "code predictor": 1e3 * predictors.get(cp, {}).get("bytes_per_frame", 0) / (lim["bw"] * 1e9),
              "codec": 1e3 * codec_flops / (lim["conv"] * 1e9) if lim.get("conv") else 0}
-    stages = [(name, _med(head["single"], key), bound[name]) for name, key in STAGE_KEYS.items()]
+    stages = [(name, mid(head["single"], key), bound[name]) for name, key in STAGE_KEYS.items()]
     return [(name, meas, b) for name, meas, b in stages if meas and b]
 
 
-def _latency_medians(head: dict | None) -> dict[str, dict]:
+def latency_medians(head: dict | None) -> dict[str, dict]:
     """{case: {measure: median}} of a headline run's time-to-first-audio runs."""
-    runs = [r["cases"] for r in (head or {}).get("latency") or [] if _ok(r)]
+    runs = [r["cases"] for r in (head or {}).get("latency") or [] if ok_result(r)]
     cases = {case for r in runs for case in r}
-    return {case: {k: _med([r[case] for r in runs if case in r], k)
+    return {case: {k: mid([r[case] for r in runs if case in r], k)
                    for k in ("first_audio_s", "prefill_rows", "prefill_s", "predictor_s", "codec_s")} for case in cases}
 
 
-def _rest_s(cases: list[dict]) -> float | None:
+def rest_s(cases: list[dict]) -> float | None:
     """Median over runs of what a first audio spent outside its prefill, code predictor and codec calls
     (prompt build, queueing): per run, so that one slow stage does not move another's share."""
     rests = [c["first_audio_s"] - c["prefill_s"] - c["predictor_s"] - c["codec_s"] for c in cases

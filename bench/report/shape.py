@@ -7,25 +7,37 @@ from __future__ import annotations
 from qwen3_tts_gguf.convert.presets import PRESETS
 
 from bench.common import FRAME_RATE
-from bench.report.format import _best, _bg, _f, _gb, _goal, _mb, _med, _ms, _ok, _split, _x
+from bench.report.format import (
+    fmt_background,
+    fmt_bytes,
+    fmt_goal,
+    fmt_ratio,
+    gib,
+    low,
+    mid,
+    msec,
+    num,
+    ok_result,
+    split_config,
+)
 from bench.report.goals import TTFA_TARGETS
-from bench.report.results import _headline_run, _rest_s, _stage_bounds
+from bench.report.results import headline_run, rest_s, stage_bound_values
 
 
-def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) -> None:
+def render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) -> None:
     label = {"0.6b": "0.6B", "1.7b": "1.7B"}.get(shape, shape)
     w(f"## {label} CustomVoice\n")
     if entry.get("vocab") != "qwen2-bpe":
         w("Note: the real vocabulary was not available, so the checkpoint uses a byte-level one and the prompt "
           "is longer than with the real tokenizer.\n")
-    key, head = _headline_run(entry)
+    key, head = headline_run(entry)
     off = entry.get("official")
-    off_ok = _ok(off)
+    off_ok = ok_result(off)
     costs = entry.get("costs", {})
     talker_costs = costs.get("talker_by_quant", {})
     predictors = costs.get("predictors") or ({"fp32": costs["predictor"]} if costs.get("predictor") else {})
     cc = costs.get("codec", {})
-    head_q, head_cp, head_t = _split(key) if key else (None, None, None)
+    head_q, head_cp, head_t = split_config(key) if key else (None, None, None)
     pc = predictors.get(head_cp, {})
 
     # -- headline ------------------------------------------------------------------------
@@ -39,26 +51,26 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
 
         def row(name, key_a, key_b=None, scale=1.0, digits=0, note=""):
             key_b = key_b or key_a
-            a, b = _med(s, key_a), _med(o, key_b)
-            ab, bb = _best(s, key_a), _best(o, key_b)
+            a, b = mid(s, key_a), mid(o, key_b)
+            ab, bb = low(s, key_a), low(o, key_b)
 
             def fa(x):
-                return _f(None if x is None else x * scale, digits)
+                return num(None if x is None else x * scale, digits)
 
-            w(f"| {name} | {fa(a)} ({fa(ab)}) | {fa(b)} ({fa(bb)}){note} | {_x(b, a)} ({_x(bb, ab)}) |")
+            w(f"| {name} | {fa(a)} ({fa(ab)}) | {fa(b)} ({fa(bb)}){note} | {fmt_ratio(b, a)} ({fmt_ratio(bb, ab)}) |")
             return a, b, ab, bb
 
         stages = [row("talker, ms per frame (one decode step)", "talker_step_ms"),
                   row("code predictor, ms per frame (15 steps)", "predictor_ms"),
                   row("codec, ms per frame", "codec_ms_per_frame")]
         tot = [sum(v[i] for v in stages) if all(v[i] for v in stages) else None for i in range(4)]
-        w(f"| sum of the three, ms per frame (real time = {1e3 / FRAME_RATE:.0f}) | {_f(tot[0])} ({_f(tot[2])}) | "
-          f"{_f(tot[1])} ({_f(tot[3])}) | {_x(tot[1], tot[0])} ({_x(tot[3], tot[2])}) |")
+        w(f"| sum of the three, ms per frame (real time = {1e3 / FRAME_RATE:.0f}) | {num(tot[0])} ({num(tot[2])}) | "
+          f"{num(tot[1])} ({num(tot[3])}) | {fmt_ratio(tot[1], tot[0])} ({fmt_ratio(tot[3], tot[2])}) |")
         row(f"talker prefill ({head.get('prompt_rows')} prompt rows), ms", "prefill_s", scale=1e3)
         row("time to first audio, s", "first_audio_s", digits=2, note=" (not streaming)")
         row("real-time factor (compute s / audio s)", "rtf", digits=2)
-        w(f"| peak RSS | {_mb(head.get('peak_rss_single_mb'))} | {_mb(off.get('peak_rss_mb') if off_ok else None)} | |")
-        w(f"| background load (other jobs), median | {_bg(s)} | {_bg(o)} | |")
+        w(f"| peak RSS | {gib(head.get('peak_rss_single_mb'))} | {gib(off.get('peak_rss_mb') if off_ok else None)} | |")
+        w(f"| background load (other jobs), median | {fmt_background(s)} | {fmt_background(o)} | |")
         w("")
         w("Each cell: median (best run). Speed-up = official / ours. Per-frame stage times exclude the prefill; "
           "RTF and time to first audio include everything. Our codec runs on a thread of its own beside the talker "
@@ -72,23 +84,24 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
         w("### Each stage next to its physical limit\n")
         w(f"Bandwidth-bound stages (one token at a time: every weight is read once per step, arithmetic is "
           f"negligible): bound = bytes / {lim['bw']:.1f} GB/s (the best weight-streaming rate measured, see *Machine "
-          f"limits*). Compute-bound codec: bound = FLOPs / {_f(lim.get('conv'))} GFLOP/s (best measured ORT Conv1d); "
+          f"limits*). Compute-bound codec: bound = FLOPs / {num(lim.get('conv'))} GFLOP/s (best measured ORT Conv1d); "
           f"it also re-reads its weights once per call.\n")
         w("| stage | weights | read per frame | work per frame | lower bound, ms/frame | alone, ms/frame "
           "| in the engine (median), ms/frame | × above bound | official, ms/frame |")
         w("|---|---|---|---|---|---|---|---|---|")
         o = off["runs"] if off_ok else []
-        iso = head.get("isolated") if _ok(head.get("isolated")) else {}
+        iso = head.get("isolated") if ok_result(head.get("isolated")) else {}
 
         def bandwidth_row(stage: str, weights: str, key: str, nbytes: float, flops: float, measure: str,
                           headline: bool) -> None:
             """The row of a bandwidth-bound stage in `weights` (run `key`; `measure`: its time in the runs)."""
             run = entry["ours"].get(key)
-            meas = _med(run["single"], measure) if _ok(run) and run.get("single") else None
+            meas = mid(run["single"], measure) if ok_result(run) and run.get("single") else None
             bound = 1e3 * nbytes / (lim["bw"] * 1e9)
-            alone = _f(iso.get(measure)) if headline else ""
-            w(f"| {stage} | {weights} | {_gb(nbytes)} | {flops / 1e9:.2f} GFLOP | {bound:.1f} | {alone} | {_f(meas)} | "
-              f"{_x(meas, bound)} | {_f(_med(o, measure)) + ' (fp32)' if headline else ''} |")
+            alone = num(iso.get(measure)) if headline else ""
+            w(f"| {stage} | {weights} | {fmt_bytes(nbytes)} | {flops / 1e9:.2f} GFLOP | {bound:.1f} | "
+              f"{alone} | {num(meas)} | "
+              f"{fmt_ratio(meas, bound)} | {num(mid(o, measure)) + ' (fp32)' if headline else ''} |")
 
         for quant, tc in talker_costs.items():
             bandwidth_row("talker step", quant, f"{quant}+{head_cp}/t{head_t}", tc["bytes_per_step"],
@@ -98,17 +111,18 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
                           pcost["flops_per_frame"], "predictor_ms", cp == head_cp)
         if cc:
             bound = 1e3 * cc["flops_per_frame"] / (lim["conv"] * 1e9) if lim.get("conv") else None
-            meas = _med(head["single"], "codec_ms_per_frame")
+            meas = mid(head["single"], "codec_ms_per_frame")
             chunks = head["single"][0].get("codec_chunks") or []
             avg_chunk = sum(chunks) / len(chunks) if chunks else 1
-            w(f"| codec | fp32 | {_gb(cc['weight_bytes_per_call'])} per call (avg {avg_chunk:.1f} frames/call) | "
-              f"{cc['flops_per_frame'] / 1e9:.2f} GFLOP | {_f(bound)} | {_f(iso.get('codec_ms_per_frame'))} (4 "
-              f"frames/call) | {_f(meas)} | {_x(meas, bound)} | {_f(_med(o, 'codec_ms_per_frame'))} (fp32) |")
+            w(f"| codec | fp32 | {fmt_bytes(cc['weight_bytes_per_call'])} per call (avg {avg_chunk:.1f} frames/call) | "
+              f"{cc['flops_per_frame'] / 1e9:.2f} GFLOP | {num(bound)} | {num(iso.get('codec_ms_per_frame'))} (4 "
+              f"frames/call) | {num(meas)} | {fmt_ratio(meas, bound)} | {num(mid(o, 'codec_ms_per_frame'))} (fp32) |")
         w("")
         w("*Alone*: the same loaded objects called back to back outside the engine loop (talker: 16 single-row "
           "steps after the real prompt; code predictor: one frame per call; codec: 4 frames per call). *In the "
           "engine*: the per-call medians of the single-stream runs above, where the three stages alternate.\n")
-        ratios = [(meas - bound, meas / bound, name, meas, bound) for name, meas, bound in _stage_bounds(entry, lim)]
+        ratios = [(meas - bound, meas / bound, name, meas, bound)
+                  for name, meas, bound in stage_bound_values(entry, lim)]
         if ratios:
             gap = max(ratios)
             far = max(ratios, key=lambda r: r[1])
@@ -117,7 +131,7 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
               f"vs {far[4]:.0f} ms). Largest absolute gap: **{gap[2]}** ({gap[3] - gap[4]:.0f} ms per frame above its "
               f"bound). Largest share of each frame: **{share[2]}** ({share[3]:.0f} of "
               f"{sum(r[3] for r in ratios):.0f} ms). The {head_cp} code predictor reads "
-              f"{_gb(pc.get('bytes_per_frame', 0))} per frame "
+              f"{fmt_bytes(pc.get('bytes_per_frame', 0))} per frame "
               f"({pc.get('bytes_per_frame', 0) / max(talker_costs.get(head_q, {}).get('bytes_per_step', 1), 1):.1f}× "
               f"the {head_q} talker step): its 5 layers are read once per each of its 15 steps.\n")
 
@@ -128,8 +142,8 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
           "prefill, ms | code predictor, ms/frame | codec, ms/frame | peak RSS | load, s | bg |")
         w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for k, r in entry["ours"].items():
-            quant, cp, t = _split(k)
-            if not _ok(r) or not r.get("single"):
+            quant, cp, t = split_config(k)
+            if not ok_result(r) or not r.get("single"):
                 w(f"| {quant} | {cp} | | {t} | failed: {r.get('error') or '; '.join(r.get('errors', []))} | | | | | | "
                   f"| | |")
                 continue
@@ -137,12 +151,12 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
             preset = next((f" (`--preset {name}`)" for name, p in PRESETS.items()
                            if name != "default" and (p.quant, p.cp_precision) == (quant, cp)), "")
             w(f"| {quant}{preset} | {r.get('predictor_precision')} | {r.get('text_mode')} | {t} | "
-              f"{_f(_med(s, 'first_audio_s'), 2)} ({_f(_best(s, 'first_audio_s'), 2)}) | "
-              f"{_f(_med(s, 'rtf'), 2)} ({_f(_best(s, 'rtf'), 2)}) | "
-              f"{_f(_med(s, 'talker_step_ms'))} ({_f(_best(s, 'talker_step_ms'))}) | {_ms(_med(s, 'prefill_s'))} | "
-              f"{_f(_med(s, 'predictor_ms_per_frame'))} ({_f(_best(s, 'predictor_ms_per_frame'))}) | "
-              f"{_f(_med(s, 'codec_ms_per_frame'))} ({_f(_best(s, 'codec_ms_per_frame'))}) | "
-              f"{_mb(r.get('peak_rss_single_mb'))} | {_f(r.get('load_s'), 1)} | {_bg(s)} |")
+              f"{num(mid(s, 'first_audio_s'), 2)} ({num(low(s, 'first_audio_s'), 2)}) | "
+              f"{num(mid(s, 'rtf'), 2)} ({num(low(s, 'rtf'), 2)}) | "
+              f"{num(mid(s, 'talker_step_ms'))} ({num(low(s, 'talker_step_ms'))}) | {msec(mid(s, 'prefill_s'))} | "
+              f"{num(mid(s, 'predictor_ms_per_frame'))} ({num(low(s, 'predictor_ms_per_frame'))}) | "
+              f"{num(mid(s, 'codec_ms_per_frame'))} ({num(low(s, 'codec_ms_per_frame'))}) | "
+              f"{gib(r.get('peak_rss_single_mb'))} | {num(r.get('load_s'), 1)} | {fmt_background(s)} |")
         w("")
         w("Time to first audio is measured by the caller: `Engine.submit` → first `AudioChunk` in hand (the engine "
           "emits audio after 1 frame, then chunks of 2, 4, 8 frames). RTF = wall seconds / audio seconds for the "
@@ -152,11 +166,11 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
 
     if head and head.get("latency"):
         _render_latency(w, head, head_q, head_cp, head_t)
-    if head and _ok(head.get("playback")):
+    if head and ok_result(head.get("playback")):
         _render_playback(w, head["playback"], head_q, head_cp, head_t)
 
     # -- concurrency ---------------------------------------------------------------------
-    conc_runs = [(k, r) for k, r in entry.get("ours", {}).items() if _ok(r) and r.get("concurrency")]
+    conc_runs = [(k, r) for k, r in entry.get("ours", {}).items() if ok_result(r) and r.get("concurrency")]
     if conc_runs:
         w("### Concurrent streams\n")
         w("N requests submitted at once; the engine steps them together (one batched talker decode and one batched "
@@ -167,13 +181,14 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
           "s | talker ms per iteration | code predictor ms per call | codec ms per frame | peak RSS | bg |")
         w("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for k, r in conc_runs:
-            quant, cp, t = _split(k)
+            quant, cp, t = split_config(k)
             for c in r["concurrency"]:
                 codec_pf = 1e3 * c["codec_s"] / c["frames_total"] if c.get("frames_total") else None
-                w(f"| {quant} | {cp} | {t} | {c['streams']} | {_f(c['aggregate_rtf'], 2)} | "
-                  f"{_f(c['per_stream_rtf'], 2)} | {_f(c['first_audio_s_median'], 2)} / "
-                  f"{_f(c['first_audio_s_max'], 2)} | {_f(c.get('talker_call_ms'))} | {_f(c.get('predictor_call_ms'))} "
-                  f"(batch {_f(c.get('predictor_batch'), 0)}) | {_f(codec_pf)} | {_mb(r.get('peak_rss_mb'))} | "
+                w(f"| {quant} | {cp} | {t} | {c['streams']} | {num(c['aggregate_rtf'], 2)} | "
+                  f"{num(c['per_stream_rtf'], 2)} | {num(c['first_audio_s_median'], 2)} / "
+                  f"{num(c['first_audio_s_max'], 2)} | {num(c.get('talker_call_ms'))} | "
+                  f"{num(c.get('predictor_call_ms'))} "
+                  f"(batch {num(c.get('predictor_batch'), 0)}) | {num(codec_pf)} | {gib(r.get('peak_rss_mb'))} | "
                   f"{100 * c['background']:.0f} % |")
         w("")
         w("Scaling against one stream (same configuration, same run): *talker + code predictor* = N × (talker step "
@@ -184,7 +199,7 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
           "stream |")
         w("|---|---|---|---|---|")
         for k, r in conc_runs:
-            quant, cp, t = _split(k)
+            quant, cp, t = split_config(k)
             by_n = {c["streams"]: c for c in r["concurrency"]}
             one = by_n.get(1)
             if not one:
@@ -196,18 +211,19 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
                 if all(x.get(f) for x in (one, c) for f in ("talker_call_ms", "predictor_call_ms")):
                     shared = n * (one["talker_call_ms"] + one["predictor_call_ms"]) / (
                         c["talker_call_ms"] + c["predictor_call_ms"])
-                w(f"| {quant} | {cp} | {n} | {_f(shared, 2)}× | {_x(one['aggregate_rtf'], c['aggregate_rtf'], 2)} |")
+                w(f"| {quant} | {cp} | {n} | {num(shared, 2)}× | "
+                  f"{fmt_ratio(one['aggregate_rtf'], c['aggregate_rtf'], 2)} |")
         w("")
 
-    if _ok(entry.get("agreement")):
-        _render_agreement(w, entry["agreement"])
+    if ok_result(entry.get("agreement")):
+        render_agreement(w, entry["agreement"])
 
     # -- http ----------------------------------------------------------------------------
     w("### Through the HTTP server\n")
     http = entry.get("http")
     if http is None:
         w(f"Time to first audio through the HTTP server: **{entry.get('http_status') or res.get('http_status')}**.\n")
-    elif not _ok(http):
+    elif not ok_result(http):
         w(f"HTTP measurement failed: {http.get('error')}\n")
     else:
         runs = http["runs"]
@@ -215,15 +231,15 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
           f"voice and seed, `max_frames` {http['frames']} (EOS not suppressed over HTTP: random weights rarely emit "
           f"it).\n")
         w("| | median | best |\n|---|---|---|")
-        w(f"| request sent → first PCM byte, s | {_f(_med(runs, 'first_audio_s'), 3)} | "
-          f"{_f(_best(runs, 'first_audio_s'), 3)} |")
-        w(f"| whole response, s | {_f(_med(runs, 'total_s'), 2)} | {_f(_best(runs, 'total_s'), 2)} |")
-        w(f"| RTF | {_f(_med(runs, 'rtf'), 2)} | {_f(_best(runs, 'rtf'), 2)} |")
+        w(f"| request sent → first PCM byte, s | {num(mid(runs, 'first_audio_s'), 3)} | "
+          f"{num(low(runs, 'first_audio_s'), 3)} |")
+        w(f"| whole response, s | {num(mid(runs, 'total_s'), 2)} | {num(low(runs, 'total_s'), 2)} |")
+        w(f"| RTF | {num(mid(runs, 'rtf'), 2)} | {num(low(runs, 'rtf'), 2)} |")
         first = http.get("first_request") or {}
         if first:
             w(f"| the first request after the start (the server's warm-up spoke this voice and language before its "
-              f"port opened), first PCM byte, s | {_f(first.get('first_audio_s'), 3)} | |")
-        w(f"| server start until /v1/models answers (warm-up included), s | {_f(http.get('startup_s'), 1)} | |")
+              f"port opened), first PCM byte, s | {num(first.get('first_audio_s'), 3)} | |")
+        w(f"| server start until /v1/models answers (warm-up included), s | {num(http.get('startup_s'), 1)} | |")
         w("")
 
     # -- official ------------------------------------------------------------------------
@@ -236,9 +252,10 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
         w("| prefill, ms | talker step, ms | code predictor, ms/frame | codec, ms/frame | other (generate loop), s | "
           "first frame's codes, s | first audio, s | RTF | peak RSS | bg |")
         w("|---|---|---|---|---|---|---|---|---|---|")
-        w(f"| {_ms(_med(o, 'prefill_s'))} | {_f(_med(o, 'talker_step_ms'))} | {_f(_med(o, 'predictor_ms'))} | "
-          f"{_f(_med(o, 'codec_ms_per_frame'))} | {_f(_med(o, 'other_s'), 2)} | {_f(_med(o, 'first_codes_s'), 2)} | "
-          f"{_f(_med(o, 'first_audio_s'), 1)} | {_f(_med(o, 'rtf'), 2)} | {_mb(off.get('peak_rss_mb'))} | {_bg(o)} |")
+        w(f"| {msec(mid(o, 'prefill_s'))} | {num(mid(o, 'talker_step_ms'))} | {num(mid(o, 'predictor_ms'))} | "
+          f"{num(mid(o, 'codec_ms_per_frame'))} | {num(mid(o, 'other_s'), 2)} | {num(mid(o, 'first_codes_s'), 2)} | "
+          f"{num(mid(o, 'first_audio_s'), 1)} | {num(mid(o, 'rtf'), 2)} | "
+          f"{gib(off.get('peak_rss_mb'))} | {fmt_background(o)} |")
         w("")
         w("The official wrapper is not streaming: its first audio sample exists when the call returns. "
           "\"First frame's codes\" is when a streaming engine with the same math could start its codec.\n")
@@ -252,23 +269,24 @@ def _render_shape(w, shape: str, entry: dict, res: dict, lim: dict, plan: dict) 
                 continue
             tot = sum(p["op_time_s"].values())
             top = list(p["op_time_s"].items())[:5]
-            w(f"Code predictor {cp}, one call ({_ms(p['call_s'])} ms in the profiled run): "
+            w(f"Code predictor {cp}, one call ({msec(p['call_s'])} ms in the profiled run): "
               + ", ".join(f"{op} {100 * t / tot:.0f} %" for op, t in top)
-              + f". Weights read per call {_gb(p['bytes_per_frame'])} → {p['bytes_per_frame'] / 1e9 / p['call_s']:.1f} "
+              + f". Weights read per call {fmt_bytes(p['bytes_per_frame'])} → "
+                f"{p['bytes_per_frame'] / 1e9 / p['call_s']:.1f} "
                 f"GB/s achieved.\n")
         if cc.get("op_time_s_per_frame"):
             ops = cc["op_time_s_per_frame"]
             tot = sum(ops.values())
             top = list(ops.items())[:6]
             conv_t = sum(t for op, t in ops.items() if op in ("Conv", "FusedConv", "ConvTranspose"))
-            w(f"Codec, {cc.get('profile_frames')} frames per call ({_ms(cc.get('call_s_per_frame'))} ms per frame in "
+            w(f"Codec, {cc.get('profile_frames')} frames per call ({msec(cc.get('call_s_per_frame'))} ms per frame in "
               f"the profiled run): " + ", ".join(f"{op} {100 * t / tot:.0f} %" for op, t in top)
               + f". Convolutions achieve about {cc['flops_per_frame'] / 1e9 / conv_t:.0f} GFLOP/s "
                 f"(all {cc['flops_per_frame'] / 1e9:.1f} GFLOP per frame over the convolution time).\n")
 
 
 def _render_latency(w, head: dict, quant: str, cp: str, threads: str) -> None:
-    runs = [r["cases"] for r in head["latency"] if _ok(r)]
+    runs = [r["cases"] for r in head["latency"] if ok_result(r)]
     if not runs:
         return
     w(f"### Time to first audio (talker {quant}, code predictor {cp}, {threads} threads)\n")
@@ -286,15 +304,16 @@ def _render_latency(w, head: dict, quant: str, cp: str, threads: str) -> None:
     w("|---|---|---|---|---|---|---|---|---|---|")
     for case in runs[0]:
         rs = [r[case] for r in runs if case in r]
-        ttfa = _med(rs, "first_audio_s")
-        parts = [_med(rs, k) for k in ("prefill_s", "predictor_s", "codec_s")]
-        rest = _rest_s(rs)
+        ttfa = mid(rs, "first_audio_s")
+        parts = [mid(rs, k) for k in ("prefill_s", "predictor_s", "codec_s")]
+        rest = rest_s(rs)
         mode, prefix = case.split("/")
         if mode == "live":
             mode, prefix = "streaming, live: words 0.4 s after the stream opened", "cold, prefilled while waiting"
-        w(f"| {mode} | {prefix} | {_f(ttfa, 3)} ({_f(_best(rs, 'first_audio_s'), 3)}) | "
-          f"{_f(_med(rs, 'prefill_rows'), 0)} | {_ms(parts[0])} | {_ms(parts[1])} | {_ms(parts[2])} | {_ms(rest)} | "
-          f"{_goal(TTFA_TARGETS.get(case), 3) if case in TTFA_TARGETS else 'report'} | {_bg(rs)} |")
+        w(f"| {mode} | {prefix} | {num(ttfa, 3)} ({num(low(rs, 'first_audio_s'), 3)}) | "
+          f"{num(mid(rs, 'prefill_rows'), 0)} | {msec(parts[0])} | {msec(parts[1])} | "
+          f"{msec(parts[2])} | {msec(rest)} | "
+          f"{fmt_goal(TTFA_TARGETS.get(case), 3) if case in TTFA_TARGETS else 'report'} | {fmt_background(rs)} |")
     w("")
     w(f"Median (best) of {len(runs)} runs. The first frame needs the prefill (its last row gives codebook 0), one "
       "code predictor call (codebooks 1-15) and one codec call; the engine emits a due chunk before the next "
@@ -305,16 +324,16 @@ def _render_playback(w, pb: dict, quant: str, cp: str, threads: str) -> None:
     w(f"### Playback of a 30 s text (talker {quant}, code predictor {cp}, {threads} threads)\n")
     frames = pb.get("chunk_frames") or []
     ramp = " → ".join(str(f) for f in frames[:6]) + (" …" if len(frames) > 6 else "")
-    w(f"One request of {pb.get('frames')} frames ({_f(pb.get('audio_s'), 1)} s of audio), chunks of {ramp} frames. "
+    w(f"One request of {pb.get('frames')} frames ({num(pb.get('audio_s'), 1)} s of audio), chunks of {ramp} frames. "
       "A player that starts at the first chunk and plays at real time:\n")
     w("| | |\n|---|---|")
-    w(f"| first audio, s | {_f(pb.get('first_audio_s'), 2)} |")
-    w(f"| real-time factor of the request | {_f(pb.get('rtf'), 2)} |")
+    w(f"| first audio, s | {num(pb.get('first_audio_s'), 2)} |")
+    w(f"| real-time factor of the request | {num(pb.get('rtf'), 2)} |")
     w(f"| stalls (a chunk arrives after the previous one finished playing) | {pb.get('stalls')} |")
-    w(f"| total stall time, s | {_f(pb.get('stalled_s'), 1)} |")
+    w(f"| total stall time, s | {num(pb.get('stalled_s'), 1)} |")
     first = pb.get("first_stall_at_s")
-    w(f"| first stall, s of audio played | {'none' if first is None else _f(first, 2)} |")
-    w(f"| pre-buffer that avoids every stall, s | {_f(pb.get('prebuffer_s'), 2)} |")
+    w(f"| first stall, s of audio played | {'none' if first is None else num(first, 2)} |")
+    w(f"| pre-buffer that avoids every stall, s | {num(pb.get('prebuffer_s'), 2)} |")
     w(f"| background load | {100 * pb.get('background', 0):.0f} % |")
     w("")
     rtf = pb.get("rtf") or 0
@@ -327,7 +346,7 @@ def _render_playback(w, pb: dict, quant: str, cp: str, threads: str) -> None:
           "after the player needs it.\n")
 
 
-def _render_agreement(w, ag: dict) -> None:
+def render_agreement(w, ag: dict) -> None:
     w("### Agreement of the quantized paths\n")
     ref = ag.get("reference_quant")
     w(f"Talker quants against the {ref} talker: the headline prompt, then {ag.get('steps', 0) - 1} teacher-forced "

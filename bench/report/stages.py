@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.report.format import _block_origin, _share
+from bench.report.format import block_origin, fmt_share
 from bench.stage_runtimes import CHUNKS
 
 
@@ -17,7 +17,7 @@ def render_stages(block: dict, standalone: bool = False) -> str:
     w("## Stage runtimes\n")
     shapes = block.get("shapes") or {}
     first = next(iter(shapes.values()), {})
-    w(_block_origin(block, "stages", standalone) + f": {first.get('threads', 2)} threads, {first.get('frames')} "
+    w(block_origin(block, "stages", standalone) + f": {first.get('threads', 2)} threads, {first.get('frames')} "
       "random frames per stream (random talker states into the code predictor; random codes into the codec, "
       f"decoded in the engine's chunks {' + '.join(map(str, first.get('chunks', [])))}), "
       f"{first.get('rounds')} rounds with the variants alternating, one process per shape "
@@ -47,7 +47,7 @@ def render_stages(block: dict, standalone: bool = False) -> str:
                          else "–" if v.get("snr_db") is None else f"SNR {v['snr_db']:.1f} dB")
             w(f"| {v['stage']} | {v['runtime']} | {v['precision']} | {_ms(v.get('median_ms_1'))} | "
               f"{_ms(v.get('median_ms_8'))} | {v.get('loaded_mb', 0):.0f} | {agreement} | "
-              f"{_share(v.get('background', []))} |")
+              f"{fmt_share(v.get('background', []))} |")
         w("")
         codecs = {name: v for name, v in variants.items() if v["stage"] == "codec" and "error" not in v}
         if codecs:

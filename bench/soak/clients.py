@@ -111,7 +111,7 @@ def audio_head_ok(fmt: str, data: bytes, max_frames: int | None, speed: float = 
     return None
 
 
-def _exc(e: BaseException) -> str:
+def exception_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
@@ -119,14 +119,14 @@ def _body_text(data: bytes) -> str:
     return data[:800].decode("utf-8", "replace")
 
 
-def _error_type(data: bytes) -> str | None:
+def error_type(data: bytes) -> str | None:
     try:
         return json.loads(data)["error"]["type"]
     except Exception:
         return None
 
 
-def _polite_body(target: Target, rng: random.Random, fmt: str, **extra) -> dict:
+def polite_body(target: Target, rng: random.Random, fmt: str, **extra) -> dict:
     body = {"model": rng.choice([target.model, target.model, "tts-1", "gpt-4o-mini-tts"]),
             "input": rng.choice(LATENCY_TEXTS), "voice": rng.choice(VOICES), "response_format": fmt,
             "max_frames": target.max_frames, "seed": rng.randrange(1 << 30)}
@@ -189,11 +189,11 @@ async def http_speech(client: httpx.AsyncClient, target: Target, *, body: dict |
     except TimeoutError:
         res.timed_out, res.error = True, f"no complete answer within {target.timeout_s:.0f} s"
     except httpx.HTTPError as e:
-        res.error = _exc(e)
+        res.error = exception_text(e)
     return res
 
 
-def _describe(body: dict | None, content: bytes | None = None) -> str:
+def describe(body: dict | None, content: bytes | None = None) -> str:
     if body is not None:
         short = {k: (v[:60] + f"...({len(v)} chars)" if isinstance(v, str) and len(v) > 80 else v)
                  for k, v in body.items()}
@@ -224,7 +224,7 @@ def classify_http(rec: Recorder, kind: str, res: HTTPResult, request: str, *, fm
     return outcome
 
 
-async def _respect_retry_after(res: HTTPResult, cap: float = 2.0) -> None:
+async def respect_retry_after(res: HTTPResult, cap: float = 2.0) -> None:
     if res.status == 429:
         try:
             wait = float(res.headers.get("retry-after", "1"))
@@ -237,7 +237,7 @@ async def _respect_retry_after(res: HTTPResult, cap: float = 2.0) -> None:
 
 async def sse_speech(client: httpx.AsyncClient, target: Target, body: dict, rec: Recorder, kind: str,
                      leave_after_deltas: int | None = None) -> None:
-    request = _describe(body)
+    request = describe(body)
     start = time.perf_counter()
     first, deltas, done, status, events = None, 0, None, None, []
     try:
@@ -248,7 +248,7 @@ async def sse_speech(client: httpx.AsyncClient, target: Target, body: dict, rec:
                     data = await r.aread()
                     res = HTTPResult(status=status, data=data, headers=dict(r.headers))
                     classify_http(rec, kind, res, request, fmt=None, max_frames=None)
-                    await _respect_retry_after(res)
+                    await respect_retry_after(res)
                     return
                 async for line in r.aiter_lines():
                     if not line.strip():
@@ -284,7 +284,7 @@ async def sse_speech(client: httpx.AsyncClient, target: Target, body: dict, rec:
         return
     except (httpx.HTTPError, ValueError) as e:
         rec.record(kind, "dropped" if isinstance(e, httpx.HTTPError) else "bad_response", request=request,
-                   detail=f"{deltas} deltas; {_exc(e)}")
+                   detail=f"{deltas} deltas; {exception_text(e)}")
         return
     if done is None or not deltas or "usage" not in done:
         rec.record(kind, "bad_response", request=request, detail=f"{deltas} deltas, done={done}")
@@ -299,7 +299,7 @@ async def sdk_speech(sdk, target: Target, rng: random.Random, rec: Recorder, kin
     import openai
 
     fmt = rng.choice(FORMATS)
-    body = _polite_body(target, rng, fmt)
+    body = polite_body(target, rng, fmt)
     extra = {k: body.pop(k) for k in ("max_frames", "seed", "language") if k in body}
     request = "openai SDK audio.speech " + json.dumps({**body, "extra_body": extra})
     res = HTTPResult()
@@ -324,12 +324,12 @@ async def sdk_speech(sdk, target: Target, rng: random.Random, rec: Recorder, kin
         res.status, res.data = e.status_code, (e.response.text if e.response is not None else str(e)).encode()
         res.headers = dict(e.response.headers) if e.response is not None else {}
     except (openai.APIConnectionError, openai.APIError) as e:
-        res.error = _exc(e)
+        res.error = exception_text(e)
     except Exception as e:  # httpx2 transport errors raised from iter_bytes
-        res.error = _exc(e)
+        res.error = exception_text(e)
     classify_http(rec, kind, res, request, fmt=fmt, max_frames=target.max_frames, speed=body.get("speed", 1.0),
                   meant_to_leave=leave_after_bytes is not None)
-    await _respect_retry_after(res)
+    await respect_retry_after(res)
 
 
 # -- WebSocket -----------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def ws_connect(target: Target, **kw):
     return connect(target.ws_url, proxy=None, open_timeout=20, close_timeout=5, max_size=1 << 24, **kw)
 
 
-async def _ws_recv_json(ws, timeout: float, skip_codes: tuple = ("no_active_stream", "stream_closed")) -> dict:
+async def ws_recv_json(ws, timeout: float, skip_codes: tuple = ("no_active_stream", "stream_closed")) -> dict:
     """The next JSON event (binary frames before it are skipped); stale benign errors skipped."""
     async with asyncio.timeout(timeout):
         while True:
@@ -363,7 +363,7 @@ async def ws_utterance(ws, target: Target, rng: random.Random, *, fmt: str = "pc
     if rng.random() < 0.2:
         start["language"] = "english"
     await ws.send(json.dumps(start))
-    event = await _ws_recv_json(ws, target.timeout_s)
+    event = await ws_recv_json(ws, target.timeout_s)
     if event.get("type") == "error":
         err = event.get("error") or {}
         if err.get("code") in ("queue_full", "rate_limited") or err.get("type") == "rate_limit_error":
@@ -460,7 +460,7 @@ async def ws_session(target: Target, rng: random.Random, rec: Recorder, kind: st
     except TimeoutError:
         rec.record(kind, "timeout", request=request, detail="no done within the request timeout")
     except Exception as e:  # ConnectionClosed, OSError
-        rec.record(kind, "dropped", request=request, detail=_exc(e))
+        rec.record(kind, "dropped", request=request, detail=exception_text(e))
 
 
 # -- raw sockets (disconnects at chosen stages, malformed HTTP) ------------------------------------

@@ -20,21 +20,21 @@ from bench.soak.clients import (
     HTTPResult,
     Recorder,
     Target,
-    _describe,
-    _error_type,
-    _exc,
-    _polite_body,
-    _respect_retry_after,
-    _ws_recv_json,
     classify_http,
+    describe,
+    error_type,
+    exception_text,
     http_request_bytes,
     http_speech,
+    polite_body,
     probe_body,
     raw_exchange,
+    respect_retry_after,
     sdk_speech,
     sse_speech,
     status_of,
     ws_connect,
+    ws_recv_json,
     ws_session,
     ws_utterance,
 )
@@ -49,8 +49,8 @@ async def _guard(rec: Recorder, kind: str, coro) -> None:
     except asyncio.CancelledError:
         raise
     except Exception as e:
-        rec.record(kind, "client_exception", request=kind, detail=_exc(e))
-        rec.client_exceptions.append(f"{kind}: {_exc(e)}")
+        rec.record(kind, "client_exception", request=kind, detail=exception_text(e))
+        rec.client_exceptions.append(f"{kind}: {exception_text(e)}")
 
 
 def _clients(port: int):
@@ -87,13 +87,13 @@ async def _polite_once(kind: str, target: Target, rng: random.Random, rec: Recor
         await sdk_speech(sdk, target, rng, rec, "polite.sdk_audio")
     elif kind == "httpx":
         fmt = rng.choice(FORMATS)
-        body = _polite_body(target, rng, fmt)
+        body = polite_body(target, rng, fmt)
         res = await http_speech(client, target, body=body)
-        classify_http(rec, "polite.httpx_audio", res, _describe(body), fmt=fmt, max_frames=target.max_frames,
+        classify_http(rec, "polite.httpx_audio", res, describe(body), fmt=fmt, max_frames=target.max_frames,
                       speed=body.get("speed", 1.0))
-        await _respect_retry_after(res)
+        await respect_retry_after(res)
     elif kind == "sse":
-        await sse_speech(client, target, _polite_body(target, rng, rng.choice(FORMATS), stream_format="sse"),
+        await sse_speech(client, target, polite_body(target, rng, rng.choice(FORMATS), stream_format="sse"),
                          rec, "polite.sse")
     else:
         await ws_session(target, rng, rec, "polite.ws_live", utterances=rng.randint(1, 3))
@@ -106,8 +106,8 @@ async def probe_loop(target: Target, rec: Recorder, deadline: float, cap: int, c
     while time.monotonic() < deadline and n < cap:
         n += 1
         res = await http_speech(client, target, body=body)
-        classify_http(rec, "probe", res, _describe(body), fmt="pcm", max_frames=target.max_frames)
-        await _respect_retry_after(res)
+        classify_http(rec, "probe", res, describe(body), fmt="pcm", max_frames=target.max_frames)
+        await respect_retry_after(res)
         await asyncio.sleep(0.5)
 
 
@@ -115,12 +115,12 @@ async def probe_loop(target: Target, rec: Recorder, deadline: float, cap: int, c
 
 async def disrupt_once(case: str, target: Target, rng: random.Random, rec: Recorder, client, sdk) -> None:
     kind = f"disrupt.{case}"
-    body = _polite_body(target, rng, rng.choice(FORMATS))
+    body = polite_body(target, rng, rng.choice(FORMATS))
     raw_body = json.dumps(body).encode()
     if case == "httpx_close_mid_stream":
         res = await http_speech(client, target, body=body, close_after_bytes=rng.choice([1, 2000, 20000]))
-        classify_http(rec, kind, res, _describe(body), fmt=None, max_frames=None, meant_to_leave=True)
-        await _respect_retry_after(res)
+        classify_http(rec, kind, res, describe(body), fmt=None, max_frames=None, meant_to_leave=True)
+        await respect_retry_after(res)
     elif case == "sdk_close_mid_stream":
         await sdk_speech(sdk, target, rng, rec, kind, leave_after_bytes=rng.choice([1, 5000]))
     elif case == "sse_close_after_delta":
@@ -139,13 +139,13 @@ async def disrupt_once(case: str, target: Target, rng: random.Random, rec: Recor
             got, ended = await raw_exchange(target, request, read_until="body", rst=True, timeout=target.timeout_s)
         status = status_of(got)
         if status is not None and status >= 500:
-            rec.record(kind, "http_5xx", request=_describe(body), detail=got[:600].decode("utf-8", "replace"))
+            rec.record(kind, "http_5xx", request=describe(body), detail=got[:600].decode("utf-8", "replace"))
         elif ended == "timeout":
-            rec.record(kind, "timeout", request=_describe(body), detail=f"read {len(got)} bytes")
+            rec.record(kind, "timeout", request=describe(body), detail=f"read {len(got)} bytes")
         elif status == 429:
             rec.record(kind, "rate_limited")
         elif case in ("raw_close_after_status", "raw_rst_mid_body") and ended == "closed by server" and status != 200:
-            rec.record(kind, "unexpected_status", request=_describe(body), detail=got[:400].decode("utf-8", "replace"))
+            rec.record(kind, "unexpected_status", request=describe(body), detail=got[:400].decode("utf-8", "replace"))
         else:
             rec.record(kind, "cancelled")
     elif case.startswith("ws_"):
@@ -171,7 +171,7 @@ async def disrupt_once(case: str, target: Target, rng: random.Random, rec: Recor
         except TimeoutError:
             rec.record(kind, "timeout", request=case)
         except Exception as e:
-            rec.record(kind, "dropped", request=case, detail=_exc(e))
+            rec.record(kind, "dropped", request=case, detail=exception_text(e))
 
 
 DISRUPT_CASES = ("httpx_close_mid_stream", "sdk_close_mid_stream", "sse_close_after_delta", "raw_close_during_body",
@@ -249,7 +249,7 @@ def _judge_refusal(kind: str, rec: Recorder, res: HTTPResult, accepted: tuple, d
     elif res.status == 422:
         rec.record(kind, "bad_response", request=description, detail=f"422 (the API promises 400): {res.data[:400]!r}")
     elif res.status in accepted:
-        if res.status >= 400 and _error_type(res.data) is None:
+        if res.status >= 400 and error_type(res.data) is None:
             rec.record(kind, "bad_response", request=description, detail=f"{res.status} without the OpenAI error "
                                                                          f"envelope: {res.data[:300]!r}")
         else:
@@ -275,14 +275,14 @@ async def hostile_http(case: str, target: Target, rng: random.Random, rec: Recor
         content = rng.choice([b'{"model": "tts-1", "input": "hi", ', b'{model: tts-1}', b'{"a":1}}', b"\x00\x01",
                               b'{"input": "hi", "voice": "ryan", "model": "tts-1",}', b"[1, 2, 3]", b'"just a string"',
                               b"null", b"123", b"{" * 50])
-        await _expect_refusal(kind, rec, target, client, content, (400,), _describe(None, content))
+        await _expect_refusal(kind, rec, target, client, content, (400,), describe(None, content))
     elif case == "invalid_utf8":
         content = rng.choice([
             b'{"model":"tts-1","input":"\xff\xfe bad","voice":"ryan","max_frames":4}',
             b'{"model":"tts-1","input":"ok","voice":"ry\xc3\x28an","max_frames":4}',
             b'{"model":"tts-1","\xed\xa0\x80":"surrogate key","input":"hi","voice":"ryan","max_frames":4}',
             b'\xef\xbb\xbf{"model":"tts-1","input":"BOM first","voice":"ryan","max_frames":4}'])
-        await _expect_refusal(kind, rec, target, client, content, (200, 400), _describe(None, content))
+        await _expect_refusal(kind, rec, target, client, content, (200, 400), describe(None, content))
     elif case == "oversized_body":
         size = rng.choice([1_100_000, 2_000_000, 5_000_000])
         content = _body_with(target, "input", "z" * size)
@@ -302,15 +302,15 @@ async def hostile_http(case: str, target: Target, rng: random.Random, rec: Recor
     elif case == "out_of_range":
         field, value, accepted = rng.choice(_out_of_range(target.model))
         content = _body_with(target, field, value)
-        await _expect_refusal(kind, rec, target, client, content, accepted, _describe(None, content))
+        await _expect_refusal(kind, rec, target, client, content, accepted, describe(None, content))
     elif case == "odd_unknown_fields":
-        body = _polite_body(target, rng, "pcm")
+        body = polite_body(target, rng, "pcm")
         for name in rng.sample(ODD_NAMES, rng.randint(1, 4)):
             body[name] = rng.choice([1, "v", None, {"nested": [1, 2]}, "\u0000", "x" * 1000])
         content = json.dumps(body).encode()
         res = await http_speech(client, target, content=content)
         desc = "POST /v1/audio/speech with unknown fields " + json.dumps([k for k in body if k not in
-                                                                         _polite_body(target, random.Random(0), "pcm")])
+                                                                         polite_body(target, random.Random(0), "pcm")])
         classify_http(rec, kind, res, desc, fmt="pcm", max_frames=target.max_frames, speed=body.get("speed", 1.0))
         if res.status == 200 and res.complete and "x-qwen3tts-ignored-fields" not in res.headers:
             rec.record(kind + ".header", "bad_response", request=desc, detail="no x-qwen3tts-ignored-fields header")
@@ -329,23 +329,23 @@ async def hostile_http(case: str, target: Target, rng: random.Random, rec: Recor
     elif case == "empty_body":
         await _expect_refusal(kind, rec, target, client, b"", (400,), "POST /v1/audio/speech, empty body")
     elif case == "chunked_request_body":  # no Content-Length, the body in pieces
-        body = _polite_body(target, rng, "wav")
+        body = polite_body(target, rng, "wav")
         content = json.dumps(body).encode()
         res = await _stream_upload(client, target, _slow_chunks(content, 5, 0.05))
-        classify_http(rec, kind, res, "chunked upload " + _describe(body), fmt="wav", max_frames=target.max_frames,
+        classify_http(rec, kind, res, "chunked upload " + describe(body), fmt="wav", max_frames=target.max_frames,
                       speed=body.get("speed", 1.0))
     elif case == "slow_sender":  # the body trickles in over a few seconds (below the body timeout)
-        body = _polite_body(target, rng, "pcm")
+        body = polite_body(target, rng, "pcm")
         content = json.dumps(body).encode()
         res = await _stream_upload(client, target, _slow_chunks(content, 10, rng.uniform(0.2, 0.5)))
-        classify_http(rec, kind, res, "slow upload " + _describe(body), fmt="pcm", max_frames=target.max_frames,
+        classify_http(rec, kind, res, "slow upload " + describe(body), fmt="pcm", max_frames=target.max_frames,
                       speed=body.get("speed", 1.0))
     elif case == "slow_reader":  # read a little, pause, resume: the whole file must still come
-        body = _polite_body(target, rng, rng.choice(FORMATS))
+        body = polite_body(target, rng, rng.choice(FORMATS))
         body["max_frames"] = target.max_frames * 2
         pause = rng.uniform(2.0, 8.0)
         res = await http_speech(client, target, body=body, pause_after_first=pause)
-        classify_http(rec, kind, res, f"{_describe(body)}, reader pauses {pause:.1f} s after the first bytes",
+        classify_http(rec, kind, res, f"{describe(body)}, reader pauses {pause:.1f} s after the first bytes",
                       fmt=body["response_format"], max_frames=body["max_frames"], speed=body.get("speed", 1.0))
     elif case == "wrong_method_or_path":
         method, path, accepted = rng.choice([("GET", "/v1/audio/speech", (405,)), ("PUT", "/v1/audio/speech", (405,)),
@@ -358,7 +358,7 @@ async def hostile_http(case: str, target: Target, rng: random.Random, rec: Recor
                                      headers={"Content-Type": "application/json"}, timeout=30)
             res = HTTPResult(status=r.status_code, data=r.content, complete=True)
         except httpx.HTTPError as e:
-            res = HTTPResult(error=_exc(e))
+            res = HTTPResult(error=exception_text(e))
         _judge_refusal(kind, rec, res, accepted, f"{method} {path[:80]}")
     elif case == "malformed_http":
         data = rng.choice([b"GARBAGE\r\n\r\n", b"POST /v1/audio/speech HTTP/9.9\r\nHost: x\r\n\r\n",
@@ -416,7 +416,7 @@ async def _stream_upload(client, target: Target, chunks) -> HTTPResult:
     except TimeoutError:
         res.timed_out = True
     except httpx.HTTPError as e:
-        res.error = _exc(e)
+        res.error = exception_text(e)
     return res
 
 
@@ -440,7 +440,7 @@ async def hostile_ws(case: str, target: Target, rng: random.Random, rec: Recorde
             if case == "ws_bad_messages":
                 for how, msg in rng.sample(WS_BAD_MESSAGES, rng.randint(3, 6)):
                     await ws.send(msg)  # str: a text frame; bytes: a binary frame
-                    event = await _ws_recv_json(ws, 30, skip_codes=())
+                    event = await ws_recv_json(ws, 30, skip_codes=())
                     desc = f"WS message {msg!r:.120}"
                     if event.get("type") != "error":
                         rec.record(kind, "bad_response", request=desc, detail=f"expected an error event: {event}")
@@ -453,7 +453,7 @@ async def hostile_ws(case: str, target: Target, rng: random.Random, rec: Recorde
                 start = {"type": "start", "voice": "ryan", "format": "pcm", "max_frames": target.max_frames,
                          "seed": 7, rng.choice(ODD_NAMES): 1}
                 await ws.send(json.dumps(start))
-                event = await _ws_recv_json(ws, target.timeout_s, skip_codes=())
+                event = await ws_recv_json(ws, target.timeout_s, skip_codes=())
                 if event.get("type") != "started":
                     _ws_refused(rec, kind, event, "WS start with an odd unknown field")
                     return
@@ -493,17 +493,17 @@ async def hostile_ws(case: str, target: Target, rng: random.Random, rec: Recorde
                     await ws.send(msg)
                 desc = f"WS {how} message of {len(msg)} bytes"
                 try:
-                    event = await _ws_recv_json(ws, 30, skip_codes=())
+                    event = await ws_recv_json(ws, 30, skip_codes=())
                 except Exception as e:  # closed: fine when the close code says why
                     code = getattr(getattr(e, "rcvd", None), "code", None)
                     if code in (1007, 1008, 1009, 1003):
                         rec.record(kind, "closed")
                     else:
-                        rec.record(kind, "dropped", request=desc, detail=f"{_exc(e)} (close code {code})")
+                        rec.record(kind, "dropped", request=desc, detail=f"{exception_text(e)} (close code {code})")
                     return
                 if event.get("type") == "started":  # accepted: end it politely
                     await ws.send('{"type":"cancel"}')
-                    await _ws_recv_json(ws, target.timeout_s, skip_codes=())
+                    await ws_recv_json(ws, target.timeout_s, skip_codes=())
                     rec.record(kind, "accepted")
                 elif event.get("type") == "error" and (event.get("error") or {}).get("type") != "server_error":
                     rec.record(kind, "ok")
@@ -517,7 +517,7 @@ async def hostile_ws(case: str, target: Target, rng: random.Random, rec: Recorde
                 with_text = rng.random() < 0.6
                 await ws.send(json.dumps({"type": "start", "voice": "ryan", "format": "pcm",
                                           "max_frames": target.max_frames}))
-                event = await _ws_recv_json(ws, target.timeout_s, skip_codes=())
+                event = await ws_recv_json(ws, target.timeout_s, skip_codes=())
                 if event.get("type") != "started":
                     _ws_refused(rec, kind, event, "WS idle session start")
                     return
@@ -525,7 +525,7 @@ async def hostile_ws(case: str, target: Target, rng: random.Random, rec: Recorde
                     await ws.send(json.dumps({"type": "text", "text": rng.choice(LATENCY_TEXTS)[:20]}))
                 t0 = time.monotonic()
                 try:
-                    done = await _ws_recv_json(ws, 75, skip_codes=())
+                    done = await ws_recv_json(ws, 75, skip_codes=())
                 except TimeoutError:
                     rec.record(kind, "timeout", request=f"WS started session, {'one text' if with_text else 'no text'},"
                                                          " then silence", detail="no done within 75 s")
@@ -542,7 +542,7 @@ async def hostile_ws(case: str, target: Target, rng: random.Random, rec: Recorde
     except TimeoutError:
         rec.record(kind, "timeout", request=case)
     except Exception as e:
-        rec.record(kind, "dropped", request=case, detail=_exc(e))
+        rec.record(kind, "dropped", request=case, detail=exception_text(e))
 
 
 def _ws_refused(rec: Recorder, kind: str, event: dict, desc: str) -> None:
@@ -618,7 +618,8 @@ async def run_clients(target: Target, args, rec: Recorder, deadline: float) -> d
     for t in pending:
         t.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    crashed = {t.get_name(): _exc(t.exception()) for t in done if not t.cancelled() and t.exception() is not None}
+    crashed = {t.get_name(): exception_text(t.exception())
+               for t in done if not t.cancelled() and t.exception() is not None}
     await client.aclose()
     await sdk.close()
     return {"clients": [t.get_name() for t in tasks], "cut_at_end": [t.get_name() for t in pending],
