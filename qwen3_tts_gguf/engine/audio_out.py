@@ -154,7 +154,7 @@ class AudioOut:
         act.chunks.emitted(n_frames, now - started, now)
         if act.stream.first_audio_at is None:
             act.stream.first_audio_at = time.monotonic()
-        act.stream._put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=n_frames,
+        act.stream.put(AudioChunk(samples=wav, first_frame=act.decoded_frames, n_frames=n_frames,
                                    progress=act.text.progress))
         act.decoded_frames += n_frames
 
@@ -197,7 +197,7 @@ class AudioOut:
         timings["total_s"] = time.monotonic() - stream.submitted_at
         codes = np.stack(act.codes) if act.codes else np.zeros((0, 16), np.int64)
         text = act.text
-        stream._put(SynthesisResult(frames=len(act.codes), text_tokens=text.text_tokens,
+        stream.put(SynthesisResult(frames=len(act.codes), text_tokens=text.text_tokens,
                                     finish_reason=reason, codes=codes, error=error, timings=timings,
                                     retryable=retryable, progress=text.final_progress(reason),
                                     text_chars=text.raw_chars, normalized_chars=text.normalized_chars,

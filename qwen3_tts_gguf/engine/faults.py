@@ -42,13 +42,13 @@ class Faults:
             self._end_unstarted(stream, reason, error, retryable=retryable)
         self._waiting.clear()
         self._waiting_text.clear()
-        self._warm_tried.clear()
+        self.prefixes.streams_gone()
 
     def _end_unstarted(self, stream: Stream, reason: str, error: str | None = None,
                        retryable: bool = False) -> None:
         stream.text.cancel()
         text = stream.text
-        stream._put(SynthesisResult(0, text.text_tokens, reason, error=error, retryable=retryable,
+        stream.put(SynthesisResult(0, text.text_tokens, reason, error=error, retryable=retryable,
                                     progress=text.final_progress(reason, started=False),
                                     text_chars=text.raw_chars, normalized_chars=text.normalized_chars))
 
@@ -57,7 +57,7 @@ class Faults:
         self.model.talker.clear()
         self._active.clear()
         self._free_seqs = list(range(self.settings.max_streams))
-        self._prefixes.clear()
+        self.prefixes.reset()
         with self._primed_lock:
             self._primed.clear()
         self._bypassed = 0

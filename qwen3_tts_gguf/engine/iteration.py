@@ -110,7 +110,7 @@ class Iteration:
             if act.seq not in self._active:
                 continue
             try:
-                items.append(self._prefill_item(act))
+                items.append(self.prefixes.prefill_item(act))
             except Exception as e:
                 self._fail(act, self._fault("prompt", e, act))
                 continue
@@ -238,7 +238,7 @@ class Iteration:
             act.pos = item.pos + len(item.rows)
             act.timings["talker_s"] += dt
             if act.new_prefix is not None:
-                self._keep_prefix(act)
+                self.prefixes.keep(act)
 
     def _next_segment(self, act: ActiveStream) -> bool:
         """Move a stream whose segment ended to its next segment (codec state carries over)."""

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from qwen3_tts_gguf.engine.active import ActiveStream
@@ -62,13 +62,13 @@ IDLE_TRIM_S = 2.0
 """Seconds without streams after which the engine gives the heap they freed back (`heap.release_freed_heap`)."""
 
 
-class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
+class Engine(Admission, Iteration, AudioOut, Faults):
     """Owns a LoadedModel on a worker thread; `submit` requests, iterate their streams.
 
-    The worker's parts are read apart: `admission.py` (checks, queue, KV reservations),
-    `prefix_cache.py`, `iteration.py` (one step of every stream), `audio_out.py` (codec and
-    finishing), `faults.py` (containment); this module holds the lifecycle, the public calls and
-    the worker loop."""
+    The worker's parts are read apart: `admission.py` (checks, queue, KV reservations), the voice
+    prefixes (`prefix_cache.PrefixCache`, an object of its own: `self.prefixes`), `iteration.py` (one step
+    of every stream), `audio_out.py` (codec and finishing), `faults.py` (containment); this module holds the
+    lifecycle, the public calls and the worker loop."""
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __init__(self, model: LoadedModel):
@@ -92,12 +92,9 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
                       "prefix_hits": 0, "prefixes_warmed": 0, "paused": 0,
                       **{f"runaway_{kind}_{action}": 0 for kind, action in RUNAWAY_COUNTS}}
         self._primed: dict[str, CodecState] = {}
-        # voice prefixes: key -> their saved KV rows (Talker.save), least recently used first (prefix_cache.py)
-        self._prefixes: OrderedDict[str, bytes] = OrderedDict()
-        self._prefix_room = self.settings.prefix_cache if Talker.prefix_slots(model.talker.settings) else 0
-        self._scratch_seq = self.settings.max_streams  # the sequence prefixes are saved from
-        self._forget_prefixes = False
-        self._warm_tried: set[int] = set()  # ids of live streams waiting for text whose prefix was tried
+        self.prefixes = PrefixCache(model.talker,
+                                    self.settings.prefix_cache if Talker.prefix_slots(model.talker.settings) else 0,
+                                    scratch_seq=self.settings.max_streams, counts=self.stats, name=model.name)
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
         self._codec_lanes: list[ThreadPoolExecutor] = []  # the overlapped codec: one thread each, jobs in order
         # a codec that decodes several streams in one call (the ggml codec) gets the frames due in one iteration
@@ -225,13 +222,13 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
     @property
     def prefix_slots(self) -> int:
         """Voice prefixes the engine keeps prefilled (0 in the deterministic profile)."""
-        return self._prefix_room
+        return self.prefixes.room
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached voice prefix (the engine thread drops them before it admits the next
         request), e.g. to measure a voice's first request."""
         with self._wake:
-            self._forget_prefixes = True
+            self.prefixes.clear()
             self._wake.notify_all()
 
     @property
@@ -250,7 +247,7 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
     def _runnable(self) -> bool:
         if any(s.cancelled for s in self._waiting_text):
             return True
-        if self._prefix_room and any(id(s) not in self._warm_tried for s in self._waiting_text):
+        if self.prefixes.untried(self._waiting_text):
             return True
         if any(a.codec_fault is not None or (not a.codec_busy and a.frames_due(self.clock()))
                for a in self._active.values()):
@@ -287,11 +284,11 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
         for stream in list(self._waiting_text):
             if stream.cancelled:
                 self._waiting_text.remove(stream)
-                self._warm_tried.discard(id(stream))
+                self.prefixes.stream_left(stream)
                 self._end_unstarted(stream, "cancelled")
             elif stream.text.ready():
                 self._waiting_text.remove(stream)
-                self._warm_tried.discard(id(stream))
+                self.prefixes.stream_left(stream)
                 self._waiting.append(stream)
                 self._room_changed = True
 
@@ -314,13 +311,11 @@ class Engine(Admission, PrefixCache, Iteration, AudioOut, Faults):
                 self.heartbeat = time.monotonic()
                 if self._stopping:
                     break
-                if self._forget_prefixes:
-                    self._prefixes.clear()
-                    self._forget_prefixes = False
+                self.prefixes.forget_if_asked()
                 admitted = self._admit()
-                unwarmed = self._unwarmed_prefixes()
+                unwarmed = self.prefixes.unwarmed(self._waiting_text)
             try:
-                self._warm_prefixes(unwarmed)
+                self.prefixes.warm(unwarmed, lambda: self.settings.kv_cells - self._cells_in_use())
                 self._iterate(admitted)
                 self._heap_used = True
             except Exception:  # a bug outside any one stream's work: its state is unknown, start clean

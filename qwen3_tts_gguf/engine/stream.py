@@ -99,7 +99,8 @@ class Stream:
                 self._wake()
 
     # -- producer side (engine thread) ------------------------------------------------------
-    def _put(self, event: AudioChunk | SynthesisResult) -> None:
+    def put(self, event: AudioChunk | SynthesisResult) -> None:
+        """The engine hands the stream its next chunk, or its result (last)."""
         if isinstance(event, AudioChunk):
             self._samples_put += len(event.samples)
         else:
