@@ -384,7 +384,7 @@ def test_an_idle_engine_gives_the_freed_heap_back_once(converted_factory, monkey
     trims = []
     with Engine(model) as engine:
         monkeypatch.setattr(heap, "release_freed_heap",
-                            lambda: trims.append((len(engine._active), engine.stats["streams_done"])))
+                            lambda: trims.append((len(engine.admission.active), engine.stats["streams_done"])))
         for n in (1, 2):
             stream = engine.submit(greedy_request("Hello world, this is a parity test.", "ryan", "english", frames=8))
             assert len(list(stream)) > 0

@@ -67,7 +67,7 @@ def solo(engine):
 
 
 def active_of(engine: Engine, req: SynthesisRequest):
-    return next((a for a in engine._active.values() if a.stream.request is req), None)
+    return next((a for a in engine.admission.active.values() if a.stream.request is req), None)
 
 
 def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) -> None:
@@ -121,14 +121,14 @@ def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) 
 
         monkeypatch.setattr(model.talker, "decode", decode)
     elif stage == "admission":
-        real = engine._reservation
+        real = engine.admission.reservation
 
         def reservation(act):
             if act.stream.request is poisoned:
                 raise ValueError("injected: its reservation could not be computed")
             return real(act)
 
-        monkeypatch.setattr(engine, "_reservation", reservation)
+        monkeypatch.setattr(engine.admission, "reservation", reservation)
     elif stage == "prompt":
         real = model.prompts.build
 
@@ -160,9 +160,9 @@ def test_a_fault_in_one_stream_ends_that_stream_alone(stage, engine, solo, monke
     np.testing.assert_array_equal(result.codes, solo[2][0].codes)
 
 
-@pytest.mark.parametrize("broken", ["_admit", "_make_room"])  # before, and while, a queued request is placed
+@pytest.mark.parametrize("broken", ["admit", "make_room"])  # before, and while, a queued request is placed
 def test_a_dead_worker_fails_its_requests_and_restarts(engine, solo, monkeypatch, broken):
-    real = getattr(engine, broken)
+    real = getattr(engine.admission, broken)
     killed = threading.Event()
 
     def fail_once(*args):
@@ -171,7 +171,7 @@ def test_a_dead_worker_fails_its_requests_and_restarts(engine, solo, monkeypatch
             raise RuntimeError("injected: the loop itself broke")
         return real(*args)
 
-    monkeypatch.setattr(engine, broken, fail_once)
+    monkeypatch.setattr(engine.admission, broken, fail_once)
     result, _ = collect(engine.submit(request(0)))
     assert result.finish_reason == "error" and "retry" in result.error
     wait_until(lambda: engine.health().status == "failed", what="the engine to report its failure")

@@ -27,7 +27,7 @@ def speech(frames: int = 4, fmt: str = "pcm", text: str = "Hello there.") -> dic
 
 def kill_worker_once(engine) -> None:
     """The next admission raises outside every stream's work: the worker thread dies."""
-    real, killed = engine._admit, threading.Event()
+    real, killed = engine.admission.admit, threading.Event()
 
     def admit():
         if not killed.is_set():
@@ -35,7 +35,7 @@ def kill_worker_once(engine) -> None:
             raise RuntimeError("injected: the loop broke")
         return real()
 
-    engine._admit = admit
+    engine.admission.admit = admit
 
 
 @pytest.fixture

@@ -65,7 +65,7 @@ class AudioOut:
         one, so they stay in order."""
         if act.codec_lane is None:
             load = [0] * len(self._codec_lanes)
-            for other in self._active.values():
+            for other in self.admission.active.values():
                 if other.codec_lane is not None:
                     load[other.codec_lane] += 1
             act.codec_lane = 0 if self._codec_batches else load.index(min(load))
@@ -163,11 +163,7 @@ class AudioOut:
         """End a stream: its cells and slot freed here; its last audio (when `flush`) and result after
         every chunk before them (in its codec lane when the codec overlaps)."""
         self.model.talker.drop(act.seq)
-        if self._active.get(act.seq) is act:
-            self._active.pop(act.seq)
-            self._free_seqs.append(act.seq)
-            self._free_seqs.sort()
-            self._room_changed = True
+        self.admission.release(act)
         act.text.cancel()
         self.stats["streams_done"] += 1
         if reason == "cancelled":

@@ -36,13 +36,19 @@ class Faults:
 
     def _end_all(self, reason: str, error: str | None = None, retryable: bool = False) -> None:
         """End every running and waiting stream (the worker is stopping or died)."""
-        for act in list(self._active.values()):
+        for act in list(self.admission.active.values()):
             self._finish(act, reason, error=error, flush=False, retryable=retryable)
-        for stream in [*self._waiting, *self._waiting_text]:
+        for stream in [*self.admission.waiting, *self.admission.waiting_text]:
             self._end_unstarted(stream, reason, error, retryable=retryable)
-        self._waiting.clear()
-        self._waiting_text.clear()
+        self.admission.waiting.clear()
+        self.admission.waiting_text.clear()
         self.prefixes.streams_gone()
+
+    def _admission_failed(self, stream: Stream, error: Exception) -> None:
+        """A queued stream whose own state could not be set up: it alone ends."""
+        self._fault("admission", error)
+        self._count_error()
+        self._end_unstarted(stream, "error", "the admission failed for this stream")
 
     def _end_unstarted(self, stream: Stream, reason: str, error: str | None = None,
                        retryable: bool = False) -> None:
@@ -55,10 +61,7 @@ class Faults:
     def _reset_state(self) -> None:
         """After a failure: every KV cell, slot, cached prefix and decoder state forgotten."""
         self.model.talker.clear()
-        self._active.clear()
-        self._free_seqs = list(range(self.settings.max_streams))
+        self.admission.reset()
         self.prefixes.reset()
         with self._primed_lock:
             self._primed.clear()
-        self._bypassed = 0
-        self._room_changed = True

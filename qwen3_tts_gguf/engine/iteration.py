@@ -27,19 +27,19 @@ class Iteration:
 
     def _iterate(self, admitted: list[ActiveStream]) -> None:
         eos = self.model.manifest.codec_ids["eos"]
-        for act in [a for a in self._active.values() if a.stream.cancelled]:
+        for act in [a for a in self.admission.active.values() if a.stream.cancelled]:
             self._finish(act, "cancelled", flush=False)
-        for act in [a for a in self._active.values() if a.codec_fault is not None]:
+        for act in [a for a in self.admission.active.values() if a.codec_fault is not None]:
             self._fail(act, self._fault("codec", act.codec_fault, act))
-        prefill = [a for a in admitted if a.seq in self._active]
+        prefill = [a for a in admitted if a.seq in self.admission.active]
         # 2. codebook 0 for every stream that can step (logits there, text row there, reader keeping up)
         stepping, code0, text_rows = [], [], []
-        for act in list(self._active.values()):
+        for act in list(self.admission.active.values()):
             if act in prefill or not self._can_step(act):
                 continue
             try:
                 if isinstance(act.text, FedText):
-                    self._grow(act)
+                    self.admission.grow(act)
                 sampled = self._sample(act, eos)
                 if sampled is None:
                     if self._next_segment(act):
@@ -101,13 +101,13 @@ class Iteration:
                     self._fail(act, fault)
         # 4. audio that is due, before the talker step: a chunk's latency need not include it (also of
         # streams that did not step: a player may be running dry, or their codec lane was busy)
-        for act in list(self._active.values()):
+        for act in list(self.admission.active.values()):
             if not act.stream.cancelled and (due := act.frames_due(self.clock())):
                 self._emit(act, due)
         self._flush_due()
         # 5. prompts of admitted streams and new segments join the same decode
         for act in prefill:
-            if act.seq not in self._active:
+            if act.seq not in self.admission.active:
                 continue
             try:
                 items.append(self.prefixes.prefill_item(act))
@@ -115,11 +115,11 @@ class Iteration:
                 self._fail(act, self._fault("prompt", e, act))
                 continue
             owners.append(act)
-        live = [(item, act) for item, act in zip(items, owners) if self._active.get(act.seq) is act]
+        live = [(item, act) for item, act in zip(items, owners) if self.admission.holds(act)]
         if live:
             self._decode([i for i, _ in live], [a for _, a in live])
         for act, reason in ended:
-            if self._active.get(act.seq) is act:
+            if self.admission.holds(act):
                 self._finish(act, reason)
         self.stats["iterations"] += 1
 
@@ -137,20 +137,13 @@ class Iteration:
     def _frame_limit(self, act: ActiveStream) -> tuple[int, str]:
         """Frames the current segment may make, and the finish reason when it hits that."""
         req = act.stream.request
-        limit, reason = self._budget(act.text.segment_tokens()), "budget"
+        limit, reason = self.admission.budget(act.text.segment_tokens()), "budget"
         if req.max_frames is not None and req.max_frames - len(act.codes) + act.segment_frames <= limit:
             limit, reason = req.max_frames - len(act.codes) + act.segment_frames, "max_frames"
         room = act.reserved - act.text.prefill_len()
         if limit > room:
             limit, reason = max(room, 1), "context_full"
         return limit, reason
-
-    def _grow(self, act: ActiveStream) -> None:
-        """Live text grows: reserve cells for what has arrived, as far as the pool has room."""
-        want = self._reservation(act)
-        if want > act.reserved:
-            act.reserved += max(0, min(want - act.reserved, self.settings.kv_cells - self._cells_in_use())
-                                if self._shared_pool() else want - act.reserved)
 
     def _sample(self, act: ActiveStream, eos: int) -> tuple[int, np.ndarray] | None:
         """(codebook 0, text row) of a stream's next frame; None when its segment ended."""
@@ -202,7 +195,7 @@ class Iteration:
 
     def _codec_in_flight(self) -> bool:
         """Whether a codec call of any active stream is queued or running in its lane."""
-        return any(a.codec_busy for a in self._active.values())
+        return any(a.codec_busy for a in self.admission.active.values())
 
     def _decode(self, items: list[DecodeItem], owners: list[ActiveStream]) -> None:
         """One talker decode for every item; if it fails, each item alone (KV cells rewound)."""
@@ -225,7 +218,7 @@ class Iteration:
             for item in items:
                 talker.truncate(item.seq, item.pos)
             for item, act in zip(items, owners):
-                if act.seq in self._active and self._active[act.seq] is act:
+                if self.admission.holds(act):
                     self._decode([item], [act])
             return
         dt = (time.perf_counter() - t0) / len(items)

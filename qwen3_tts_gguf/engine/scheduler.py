@@ -35,10 +35,10 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from qwen3_tts_gguf.engine.active import ActiveStream
+import numpy as np
+
 from qwen3_tts_gguf.engine.admission import Admission
 from qwen3_tts_gguf.engine.audio_out import AudioOut
 from qwen3_tts_gguf.engine.faults import Faults
@@ -52,7 +52,7 @@ from qwen3_tts_gguf.engine.text_sources import FedText, FixedText
 from qwen3_tts_gguf.host import heap
 from qwen3_tts_gguf.model.codec import CodecState
 from qwen3_tts_gguf.model.loaded import LoadedModel
-from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, Prompt
+from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, Prompt, PromptError
 from qwen3_tts_gguf.model.talker import Talker
 from qwen3_tts_gguf.text.normalization import NormalizedText, normalize_text
 
@@ -62,30 +62,26 @@ IDLE_TRIM_S = 2.0
 """Seconds without streams after which the engine gives the heap they freed back (`heap.release_freed_heap`)."""
 
 
-class Engine(Admission, Iteration, AudioOut, Faults):
+class Engine(Iteration, AudioOut, Faults):
     """Owns a LoadedModel on a worker thread; `submit` requests, iterate their streams.
 
-    The worker's parts are read apart: `admission.py` (checks, queue, KV reservations), the voice
-    prefixes (`prefix_cache.PrefixCache`, an object of its own: `self.prefixes`), `iteration.py` (one step
-    of every stream), `audio_out.py` (codec and finishing), `faults.py` (containment); this module holds the
-    lifecycle, the public calls and the worker loop."""
+    The worker's parts: the queues, slots and KV reservations (`admission.Admission`: `self.admission`) and the
+    voice prefixes (`prefix_cache.PrefixCache`: `self.prefixes`), objects that own their state; one step of every
+    stream (`iteration.py`), the codec and finishing (`audio_out.py`) and containment (`faults.py`), read apart;
+    this module holds the lifecycle, the public calls and the worker loop."""
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __init__(self, model: LoadedModel):
         self.model = model
         self.settings = model.settings
-        self._waiting: deque[Stream] = deque()
-        self._waiting_text: list[Stream] = []  # live streams without a final token (apart from the queue)
-        self._active: dict[int, ActiveStream] = {}
-        self._free_seqs = list(range(self.settings.max_streams))
+        self._frame_s = model.codec.samples_per_frame / model.codec.sample_rate
+        self.admission = Admission(model, self._frame_s, self._end_unstarted, self._admission_failed)
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._failure: str | None = None
         self._dead: str | None = None
         self._restarts = 0
-        self._bypassed = 0  # admissions that passed the stream at the head of the queue
-        self._room_changed = True  # something may fit now (a stream came or went): try admitting
         self.heartbeat = time.monotonic()
         """Updated by the worker at least every 0.25 s while it is not inside one model call."""
         self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0, "errors": 0,
@@ -108,7 +104,6 @@ class Engine(Admission, Iteration, AudioOut, Faults):
         self._idle_since: float | None = None  # when those were done
         self.clock = time.monotonic
         """The chunk plans' clock (a test may drive it)."""
-        self._frame_s = model.codec.samples_per_frame / model.codec.sample_rate
 
     def start(self) -> "Engine":
         if self._thread is None:
@@ -190,7 +185,7 @@ class Engine(Admission, Iteration, AudioOut, Faults):
         fixed = builder.fixed_rows(request.voice)  # also validates the voice
         spoken = (normalize_text(request.text, request.voice.language) if request.text_normalization == "auto"
                   else NormalizedText.plain(request.text))
-        segments, tokens = self._fit_segments(spoken.text, fixed)
+        segments, tokens = self.admission.fit_segments(spoken.text, fixed)
 
         def build(text: str) -> Prompt:
             return builder.build(text, request.voice, text_mode)
@@ -207,9 +202,29 @@ class Engine(Admission, Iteration, AudioOut, Faults):
         self._check_request(request)
         text = FedText(self.model.prompts, request.voice, on_change=self._notify,
                        normalize=request.text_normalization == "auto")
-        if text.prefill_len() + self._min_frames(1) > self.model.talker.cells_per_stream:
-            raise ContextLengthExceeded(self._too_long(text.prefill_len()), param="instructions")
+        if text.prefill_len() + self.admission.min_frames(1) > self.model.talker.cells_per_stream:
+            raise ContextLengthExceeded(self.admission.too_long(text.prefill_len()), param="instructions")
         return self._enqueue(self._new_stream(request, text, loop))
+
+    def _check_request(self, request: SynthesisRequest) -> None:
+        health = self.health()
+        if health.status == "dead":
+            raise EngineStopped(f"the engine failed: {health.reason}", retry_after_s=None)
+        if health.status == "failed":
+            raise EngineStopped("the engine is restarting", retry_after_s=1)
+        if health.status != "running":
+            raise EngineStopped("the engine is not running")
+        if request.max_frames is not None and request.max_frames < 1:
+            raise PromptError(f"max_frames must be >= 1, got {request.max_frames}")
+        seed = request.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise PromptError(f"seed must be a whole number of at least 0, got {seed!r}")
+
+    def _enqueue(self, stream: Stream) -> Stream:
+        with self._wake:
+            self.admission.enqueue(stream)
+            self._wake.notify_all()
+        return stream
 
     def _new_stream(self, request: SynthesisRequest, text, loop) -> Stream:
         backlog = int(self.settings.max_buffered_audio_s * self.model.sample_rate)
@@ -239,29 +254,29 @@ class Engine(Admission, Iteration, AudioOut, Faults):
         """Active streams, waiting requests, live streams waiting for text, paused streams and free
         slots (for health and metrics)."""
         with self._wake:
-            return {"active": len(self._active), "waiting": len(self._waiting),
-                    "waiting_text": len(self._waiting_text), "free_slots": len(self._free_seqs),
-                    "paused": sum(a.stream.paused for a in self._active.values())}
+            return {"active": len(self.admission.active), "waiting": len(self.admission.waiting),
+                    "waiting_text": len(self.admission.waiting_text), "free_slots": len(self.admission.free_seqs),
+                    "paused": sum(a.stream.paused for a in self.admission.active.values())}
 
     # -- worker ----------------------------------------------------------------------------------
     def _runnable(self) -> bool:
-        if any(s.cancelled for s in self._waiting_text):
+        if any(s.cancelled for s in self.admission.waiting_text):
             return True
-        if self.prefixes.untried(self._waiting_text):
+        if self.prefixes.untried(self.admission.waiting_text):
             return True
         if any(a.codec_fault is not None or (not a.codec_busy and a.frames_due(self.clock()))
-               for a in self._active.values()):
+               for a in self.admission.active.values()):
             return True
-        if self._waiting and self._free_seqs and self._room_changed:  # (never spin on one that cannot fit)
+        if self.admission.may_admit():
             return True
-        return any(a.stream.cancelled or a.logits is None or self._can_step(a) for a in self._active.values())
+        return any(a.stream.cancelled or a.logits is None or self._can_step(a) for a in self.admission.active.values())
 
     def _give_back_heap_when_idle(self) -> None:
         """Once no stream is left and the codec lanes' last calls have been done for IDLE_TRIM_S, the heap
         that the streams' calls freed goes back to the system (glibc keeps it otherwise: about 100 MiB
         after eight 0.6B streams), on the prompt thread (it takes ~10 ms). Not at once: a request that
         follows at once would fault those pages in again before its first audio."""
-        if not self._heap_used or self._active or self._waiting or self._waiting_text or not self._prompt_pool:
+        if not self._heap_used or not self.admission.idle() or not self._prompt_pool:
             self._lanes_drained = self._idle_since = None
             return
         if self._lanes_drained is None:
@@ -277,20 +292,20 @@ class Engine(Admission, Iteration, AudioOut, Faults):
 
     def _sweep_waiting(self) -> None:
         """End cancelled waiting streams; move live streams whose first token came into the queue."""
-        for stream in [s for s in self._waiting if s.cancelled]:
-            self._waiting.remove(stream)
+        for stream in [s for s in self.admission.waiting if s.cancelled]:
+            self.admission.waiting.remove(stream)
             self._end_unstarted(stream, "cancelled")
-            self._room_changed = True  # it may have been the one the others waited behind
-        for stream in list(self._waiting_text):
+            self.admission.room_changed = True  # it may have been the one the others waited behind
+        for stream in list(self.admission.waiting_text):
             if stream.cancelled:
-                self._waiting_text.remove(stream)
+                self.admission.waiting_text.remove(stream)
                 self.prefixes.stream_left(stream)
                 self._end_unstarted(stream, "cancelled")
             elif stream.text.ready():
-                self._waiting_text.remove(stream)
+                self.admission.waiting_text.remove(stream)
                 self.prefixes.stream_left(stream)
-                self._waiting.append(stream)
-                self._room_changed = True
+                self.admission.waiting.append(stream)
+                self.admission.room_changed = True
 
     def _worker(self) -> None:
         try:
@@ -312,16 +327,16 @@ class Engine(Admission, Iteration, AudioOut, Faults):
                 if self._stopping:
                     break
                 self.prefixes.forget_if_asked()
-                admitted = self._admit()
-                unwarmed = self.prefixes.unwarmed(self._waiting_text)
+                admitted = self.admission.admit()
+                unwarmed = self.prefixes.unwarmed(self.admission.waiting_text)
             try:
-                self.prefixes.warm(unwarmed, lambda: self.settings.kv_cells - self._cells_in_use())
+                self.prefixes.warm(unwarmed, self.admission.free_cells)
                 self._iterate(admitted)
                 self._heap_used = True
             except Exception:  # a bug outside any one stream's work: its state is unknown, start clean
                 log.exception("engine iteration of %s failed; ending its streams", self.model.name)
                 with self._wake:
-                    for act in list(self._active.values()):
+                    for act in list(self.admission.active.values()):
                         self._finish(act, "error", error="the engine failed while serving this stream; retry",
                                      flush=False, retryable=True)
                     self._reset_state()
