@@ -97,7 +97,7 @@ def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) 
 
         monkeypatch.setattr(model.predictor, "predict", predict)
     elif stage == "codec":
-        real_emit, real_decode, current = engine._emit_audio, model.codec.decode, []
+        real_emit, real_decode, current = engine.audio.emit_audio, model.codec.decode, []
 
         def emit(act, frames):
             current[:] = [act]
@@ -108,7 +108,7 @@ def inject(engine: Engine, monkeypatch, stage: str, poisoned: SynthesisRequest) 
                 raise ValueError("injected: codes must be < 2048")
             return real_decode(frames, state)
 
-        monkeypatch.setattr(engine, "_emit_audio", emit)
+        monkeypatch.setattr(engine.audio, "emit_audio", emit)
         monkeypatch.setattr(model.codec, "decode", decode)
     elif stage == "talker decode":
         real = model.talker.decode
@@ -334,10 +334,10 @@ def test_the_overlapped_codec_keeps_faults_and_order_per_stream(converted_factor
     assert model.codec_overlap and model.codec.session.get_session_options().intra_op_num_threads == 1
     try:
         with Engine(model) as engine:
-            assert len(engine._codec_lanes) == 2
+            assert len(engine.audio.lanes) == 2
             reqs = [request(k, frames=30) for k in range(3)]
             poisoned, real_decode, owner, threads = reqs[1], model.codec.decode, threading.local(), set()
-            real_emit = engine._emit_audio
+            real_emit = engine.audio.emit_audio
 
             def emit(act, frames):
                 owner.act = act
@@ -351,7 +351,7 @@ def test_the_overlapped_codec_keeps_faults_and_order_per_stream(converted_factor
                     raise ValueError("injected: codec failure")
                 return real_decode(frames, state)
 
-            monkeypatch.setattr(engine, "_emit_audio", emit)
+            monkeypatch.setattr(engine.audio, "emit_audio", emit)
             monkeypatch.setattr(model.codec, "decode", decode)
             streams = [engine.submit(r) for r in reqs]
             results = [collect(s) for s in streams]
@@ -377,7 +377,7 @@ def test_the_overlapped_codec_failing_on_the_last_chunk_fails_that_stream(conver
         with Engine(model) as engine:
             reqs = [request(k, frames=20) for k in range(2)]
             real_decode, owner = model.codec.decode, threading.local()
-            real_emit = engine._emit_audio
+            real_emit = engine.audio.emit_audio
 
             def emit(act, frames):
                 owner.act, owner.last = act, act.decoded_frames + len(frames) >= 20
@@ -388,7 +388,7 @@ def test_the_overlapped_codec_failing_on_the_last_chunk_fails_that_stream(conver
                     raise ValueError("injected: the last chunk fails")
                 return real_decode(frames, state)
 
-            monkeypatch.setattr(engine, "_emit_audio", emit)
+            monkeypatch.setattr(engine.audio, "emit_audio", emit)
             monkeypatch.setattr(model.codec, "decode", decode)
             results = [collect(s) for s in [engine.submit(r) for r in reqs]]
             assert results[0][0].finish_reason == "error" and "codec" in results[0][0].error

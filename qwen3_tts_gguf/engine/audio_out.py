@@ -1,22 +1,70 @@
-"""Audio out and finishing: frames to the codec (here, or in the stream's codec lane when the codec
-overlaps), chunks to the stream, its result after its last chunk.
+"""Audio out: frames to the codec (here, or in the stream's codec lane when the codec overlaps), chunks to the
+stream, its result after its last chunk (`AudioOut`, the engine's `self.audio`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from qwen3_tts_gguf.engine.active import ActiveStream
+from qwen3_tts_gguf.engine.admission import Admission
 from qwen3_tts_gguf.engine.request import AudioChunk, SynthesisResult
 from qwen3_tts_gguf.model.codec import CodecState, split_states, stack_states
 
 
 class AudioOut:
-    """Part of `Engine` (`scheduler.py`): these methods run on its worker thread, on its state."""
+    """Frames to the codec, chunks to their streams, each stream's result after its last chunk: here (on the
+    worker thread), or in the codec lanes, threads of their own, when the codec overlaps (`start(lanes)`).
+
+    `clock` is the chunk plans' clock; `notify` wakes the worker; `fault(stage, error, act)` logs a stream's
+    failure and `count_error()` counts one (the engine's)."""
+
+    def __init__(self, codec, admission: Admission, clock: Callable[[], float], notify: Callable[[], None],
+                 fault: Callable[..., object], count_error: Callable[[], None]):
+        self.codec = codec
+        self.admission = admission
+        self.clock = clock
+        self.lanes: list[ThreadPoolExecutor] = []  # the overlapped codec: one thread each, jobs in order
+        # a codec that decodes several streams in one call (the ggml codec) gets the frames due in one iteration
+        # together, in the first lane (`flush_due`)
+        self.batches = bool(getattr(codec, "batches_streams", False))
+        self._due: list = []
+        self._primed: dict[str, CodecState] = {}
+        self._primed_lock = threading.Lock()
+        self._notify = notify
+        self._fault = fault
+        self._count_error = count_error
+
+    # -- lanes ---------------------------------------------------------------------------------------
+    def start(self, lanes: int) -> None:
+        if lanes and not self.lanes:
+            self.lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"qwen3-tts-codec-{i}")
+                          for i in range(lanes)]
+
+    def stop(self, wait: bool) -> None:
+        """The streams' last chunks and results are in the lanes: delivered (`wait`) unless a call there is stuck."""
+        for lane in self.lanes:
+            lane.shutdown(wait=wait)
+        self.lanes = []
+
+    def drained(self) -> list[Future]:
+        """Futures done once every job queued in the lanes so far is."""
+        return [lane.submit(lambda: None) for lane in self.lanes]
+
+    def in_flight(self) -> bool:
+        """Whether a codec call of any active stream is queued or running in its lane."""
+        return any(a.codec_busy for a in self.admission.active.values())
+
+    def reset(self) -> None:
+        """After a failure: no primed decoder state kept."""
+        with self._primed_lock:
+            self._primed.clear()
 
     def _primed_state(self, codes: np.ndarray) -> CodecState:
         """Decoder state after an in-context clone's reference codes (audio discarded; cached)."""
@@ -25,35 +73,36 @@ class AudioOut:
         with self._primed_lock:
             state = self._primed.pop(key, None)
         if state is None:
-            _, state = self.model.codec.decode(codes)
+            _, state = self.codec.decode(codes)
         with self._primed_lock:
             self._primed[key] = state  # most recently used last
             while len(self._primed) > 8:
                 self._primed.pop(next(iter(self._primed)))
         return state
 
-    def _emit(self, act: ActiveStream, n: int) -> None:
+    def emit(self, act: ActiveStream, n: int, fail: Callable[[ActiveStream, BaseException], None]) -> None:
         """The stream's first `n` pending frames to the codec: here, or queued in its codec lane (unless
         a call of this stream is still there: then they wait and join the next one). A stream's first
-        chunk is decoded here, with the cores to itself: overlapped, it came 0.03-0.13 s later."""
-        if not self._codec_lanes or act.chunks.start is None:  # the first chunk: at once, for first audio
+        chunk is decoded here, with the cores to itself: overlapped, it came 0.03-0.13 s later. `fail` ends a stream
+        whose call here failed."""
+        if not self.lanes or act.chunks.start is None:  # the first chunk: at once, for first audio
             frames, act.pending = act.pending[:n], act.pending[n:]
             try:
-                self._emit_audio(act, frames)
+                self.emit_audio(act, frames)
             except Exception as e:
-                self._fail(act, self._fault("codec", e, act))
+                fail(act, e)
             return
         if act.codec_busy:
             return
         frames, act.pending = act.pending[:n], act.pending[n:]
         act.codec_busy = True
-        if self._codec_batches:
-            self._due.append((act, frames))  # one call for all of them: `_flush_due`, after this iteration's
+        if self.batches:
+            self._due.append((act, frames))  # one call for all of them: `flush_due`, after this iteration's
         else:
             self._lane(act).submit(self._codec_job, act, frames)
 
-    def _flush_due(self) -> None:
-        """The frames `_emit` gathered this iteration, as one job: a codec that decodes several streams in one
+    def flush_due(self) -> None:
+        """The frames `emit` gathered this iteration, as one job: a codec that decodes several streams in one
         call (`codec.batches_streams`: the ggml codec) is called once for all of them."""
         if self._due:
             due, self._due = self._due, []
@@ -64,18 +113,18 @@ class AudioOut:
         first lane for every stream when calls batch streams); all its calls and its result go through that
         one, so they stay in order."""
         if act.codec_lane is None:
-            load = [0] * len(self._codec_lanes)
+            load = [0] * len(self.lanes)
             for other in self.admission.active.values():
                 if other.codec_lane is not None:
                     load[other.codec_lane] += 1
-            act.codec_lane = 0 if self._codec_batches else load.index(min(load))
-        return self._codec_lanes[act.codec_lane]
+            act.codec_lane = 0 if self.batches else load.index(min(load))
+        return self.lanes[act.codec_lane]
 
     def _codec_job(self, act: ActiveStream, frames: list) -> None:
         """In the stream's codec lane: one call; a failure is left for the engine, which ends the stream."""
         try:
             if act.codec_fault is None and not act.stream.cancelled:
-                self._emit_audio(act, frames)
+                self.emit_audio(act, frames)
         except Exception as e:
             act.codec_fault = e
         finally:
@@ -104,7 +153,7 @@ class AudioOut:
                     alone.extend(group)
             for act, frames in alone:
                 try:
-                    self._emit_audio(act, frames)
+                    self.emit_audio(act, frames)
                 except Exception as e:
                     act.codec_fault = e
         finally:
@@ -115,7 +164,7 @@ class AudioOut:
     def _emit_audio_together(self, group: list) -> None:
         """Streams' frames of one count in one codec call; nothing is delivered unless every row is sound."""
         t0, started = time.perf_counter(), self.clock()
-        codec = self.model.codec
+        codec = self.codec
         states = [self._codec_state(act) or codec.new_state() for act, _ in group]
         wav, state = codec.decode(np.stack([np.stack(frames) for _, frames in group]), stack_states(states))
         if not np.isfinite(wav).all():
@@ -133,13 +182,13 @@ class AudioOut:
             act.codec_state = self._primed_state(reference.codes)
         return act.codec_state
 
-    def _emit_audio(self, act: ActiveStream, frames: list) -> None:
+    def emit_audio(self, act: ActiveStream, frames: list) -> None:
         frames = np.stack(frames)
         t0, started = time.perf_counter(), self.clock()
         self._codec_state(act)
         parts, at = [], 0
         for size in act.chunks.calls(act.decoded_frames, len(frames)):  # (one, or the seeded grid's)
-            wav, act.codec_state = self.model.codec.decode(frames[at:at + size], act.codec_state)
+            wav, act.codec_state = self.codec.decode(frames[at:at + size], act.codec_state)
             parts.append(wav)
             at += size
         wav = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -158,18 +207,10 @@ class AudioOut:
                                    progress=act.text.progress))
         act.decoded_frames += n_frames
 
-    def _finish(self, act: ActiveStream, reason: str, error: str | None = None, flush: bool = True,
-                retryable: bool = False) -> None:
-        """End a stream: its cells and slot freed here; its last audio (when `flush`) and result after
-        every chunk before them (in its codec lane when the codec overlaps)."""
-        self.model.talker.drop(act.seq)
-        self.admission.release(act)
-        act.text.cancel()
-        self.stats["streams_done"] += 1
-        if reason == "cancelled":
-            self.stats["cancelled"] += 1
-        frames, act.pending = (act.pending if flush else []), []
-        if self._codec_lanes:
+    def conclude(self, act: ActiveStream, reason: str, error: str | None, frames: list, retryable: bool) -> None:
+        """A finished stream's last frames (`frames`) and its result, after every chunk before them: in its codec
+        lane when the codec overlaps, else here."""
+        if self.lanes:
             self._lane(act).submit(self._conclude, act, reason, error, frames, retryable)
         else:
             self._conclude(act, reason, error, frames, retryable)
@@ -179,7 +220,7 @@ class AudioOut:
         fault = act.codec_fault if reason != "error" else None
         if fault is None and frames:
             try:
-                self._emit_audio(act, frames)
+                self.emit_audio(act, frames)
             except Exception as e:
                 fault = e
         if fault is not None:

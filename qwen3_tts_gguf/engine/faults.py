@@ -63,5 +63,4 @@ class Faults:
         self.model.talker.clear()
         self.admission.reset()
         self.prefixes.reset()
-        with self._primed_lock:
-            self._primed.clear()
+        self.audio.reset()

@@ -103,8 +103,8 @@ class Iteration:
         # streams that did not step: a player may be running dry, or their codec lane was busy)
         for act in list(self.admission.active.values()):
             if not act.stream.cancelled and (due := act.frames_due(self.clock())):
-                self._emit(act, due)
-        self._flush_due()
+                self.audio.emit(act, due, lambda a, e: self._fail(a, self._fault("codec", e, a)))
+        self.audio.flush_due()
         # 5. prompts of admitted streams and new segments join the same decode
         for act in prefill:
             if act.seq not in self.admission.active:
@@ -193,10 +193,6 @@ class Iteration:
         if codes.size and (codes.min() < 0 or codes.max() >= size):
             raise ValueError(f"code predictor made a code outside [0, {size})")
 
-    def _codec_in_flight(self) -> bool:
-        """Whether a codec call of any active stream is queued or running in its lane."""
-        return any(a.codec_busy for a in self.admission.active.values())
-
     def _decode(self, items: list[DecodeItem], owners: list[ActiveStream]) -> None:
         """One talker decode for every item; if it fails, each item alone (KV cells rewound)."""
         talker = self.model.talker
@@ -205,7 +201,7 @@ class Iteration:
             # a step leaves a core to the codec lanes only while one of their calls is in flight (a
             # lane call starts only from this thread, so none starts during the decode); only where the
             # thread count cannot change the numbers (a quantized KV cache), as timing decides it
-            busy = self._codec_in_flight()
+            busy = self.audio.in_flight()
             talker.set_step_threads(threads.talker_step if busy else threads.talker_batch)
         t0 = time.perf_counter()
         try:

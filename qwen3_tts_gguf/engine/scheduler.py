@@ -39,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from qwen3_tts_gguf.engine.active import ActiveStream
 from qwen3_tts_gguf.engine.admission import Admission
 from qwen3_tts_gguf.engine.audio_out import AudioOut
 from qwen3_tts_gguf.engine.faults import Faults
@@ -50,7 +51,6 @@ from qwen3_tts_gguf.engine.runaway import RUNAWAY_COUNTS
 from qwen3_tts_gguf.engine.stream import Stream
 from qwen3_tts_gguf.engine.text_sources import FedText, FixedText
 from qwen3_tts_gguf.host import heap
-from qwen3_tts_gguf.model.codec import CodecState
 from qwen3_tts_gguf.model.loaded import LoadedModel
 from qwen3_tts_gguf.model.prompt import ContextLengthExceeded, Prompt, PromptError
 from qwen3_tts_gguf.model.talker import Talker
@@ -62,13 +62,14 @@ IDLE_TRIM_S = 2.0
 """Seconds without streams after which the engine gives the heap they freed back (`heap.release_freed_heap`)."""
 
 
-class Engine(Iteration, AudioOut, Faults):
+class Engine(Iteration, Faults):
     """Owns a LoadedModel on a worker thread; `submit` requests, iterate their streams.
 
-    The worker's parts: the queues, slots and KV reservations (`admission.Admission`: `self.admission`) and the
-    voice prefixes (`prefix_cache.PrefixCache`: `self.prefixes`), objects that own their state; one step of every
-    stream (`iteration.py`), the codec and finishing (`audio_out.py`) and containment (`faults.py`), read apart;
-    this module holds the lifecycle, the public calls and the worker loop."""
+    The worker's parts, objects that own their state: the queues, slots and KV reservations
+    (`admission.Admission`: `self.admission`), the voice prefixes (`prefix_cache.PrefixCache`: `self.prefixes`),
+    the codec and its lanes (`audio_out.AudioOut`: `self.audio`). One step of every stream (`iteration.py`) and
+    fault containment (`faults.py`) compose them, read apart; this module holds the lifecycle, the public calls,
+    the end of a stream and the worker loop."""
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __init__(self, model: LoadedModel):
@@ -87,18 +88,13 @@ class Engine(Iteration, AudioOut, Faults):
         self.stats = {"iterations": 0, "frames": 0, "streams_done": 0, "cancelled": 0, "errors": 0,
                       "prefix_hits": 0, "prefixes_warmed": 0, "paused": 0,
                       **{f"runaway_{kind}_{action}": 0 for kind, action in RUNAWAY_COUNTS}}
-        self._primed: dict[str, CodecState] = {}
         self.prefixes = PrefixCache(model.talker,
                                     self.settings.prefix_cache if Talker.prefix_slots(model.talker.settings) else 0,
                                     scratch_seq=self.settings.max_streams, counts=self.stats, name=model.name)
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
-        self._codec_lanes: list[ThreadPoolExecutor] = []  # the overlapped codec: one thread each, jobs in order
-        # a codec that decodes several streams in one call (the ggml codec) gets the frames due in one iteration
-        # together, in the first lane (audio_out.py, `_flush_due`)
-        self._codec_batches = bool(getattr(model.codec, "batches_streams", False))
-        self._due: list = []
         self._stats_lock = threading.Lock()  # the codec lanes count errors too
-        self._primed_lock = threading.Lock()
+        self.audio = AudioOut(model.codec, self.admission, lambda: self.clock(), self._notify, self._fault,
+                              self._count_error)
         self._heap_used = False  # streams ran since the heap was last given back (_give_back_heap_when_idle)
         self._lanes_drained: list[Future] | None = None  # the codec lanes' jobs queued before going idle
         self._idle_since: float | None = None  # when those were done
@@ -110,9 +106,8 @@ class Engine(Iteration, AudioOut, Faults):
             self._stopping = False
             self._failure = None
             self._prompt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qwen3-tts-prompts")
-            if self.model.codec_overlap and not self._codec_lanes:
-                self._codec_lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"qwen3-tts-codec-{i}")
-                                     for i in range(self.model.stage_threads.codec_lanes)]
+            if self.model.codec_overlap:
+                self.audio.start(self.model.stage_threads.codec_lanes)
             self._thread = threading.Thread(target=self._worker, name="qwen3-tts-engine", daemon=True)
             self.heartbeat = time.monotonic()
             self._thread.start()
@@ -128,9 +123,7 @@ class Engine(Iteration, AudioOut, Faults):
         if self._prompt_pool is not None:
             self._prompt_pool.shutdown(wait=False, cancel_futures=True)
             self._prompt_pool = None
-        for lane in self._codec_lanes:  # the streams' last chunks and results are in them: deliver them
-            lane.shutdown(wait=self._dead is None)  # (unless a call there is stuck)
-        self._codec_lanes = []
+        self.audio.stop(wait=self._dead is None)
 
     def restart(self) -> None:
         """Start a new worker after the old one died (its streams were failed when it died)."""
@@ -280,7 +273,7 @@ class Engine(Iteration, AudioOut, Faults):
             self._lanes_drained = self._idle_since = None
             return
         if self._lanes_drained is None:
-            self._lanes_drained = [lane.submit(lambda: None) for lane in self._codec_lanes]
+            self._lanes_drained = self.audio.drained()
         if not all(done.done() for done in self._lanes_drained):
             return
         now = time.monotonic()
@@ -306,6 +299,19 @@ class Engine(Iteration, AudioOut, Faults):
                 self.prefixes.stream_left(stream)
                 self.admission.waiting.append(stream)
                 self.admission.room_changed = True
+
+    def _finish(self, act: ActiveStream, reason: str, error: str | None = None, flush: bool = True,
+                retryable: bool = False) -> None:
+        """End a stream: its cells and slot freed here; its last audio (when `flush`) and result after
+        every chunk before them (in its codec lane when the codec overlaps)."""
+        self.model.talker.drop(act.seq)
+        self.admission.release(act)
+        act.text.cancel()
+        self.stats["streams_done"] += 1
+        if reason == "cancelled":
+            self.stats["cancelled"] += 1
+        frames, act.pending = (act.pending if flush else []), []
+        self.audio.conclude(act, reason, error, frames, retryable)
 
     def _worker(self) -> None:
         try:
