@@ -166,6 +166,19 @@ def test_modules_import_each_others_public_names_only():
     assert private == [], private
 
 
+def test_the_engines_parts_keep_their_state_to_themselves():
+    """In the engine (`qwen3_tts_gguf/engine/`), an object's `_private` attribute is read only by itself: the
+    scheduler composes its parts (admission, prefix cache, audio out) and feeds a Stream through their public
+    methods."""
+    reaching = []
+    for path in _sources("qwen3_tts_gguf", "engine/*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                reaching.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert reaching == [], reaching
+
+
 def test_modules_are_imported_under_their_own_names():
     """`from package import module as other` hides a module behind another word (`native as websocket` did); an
     alias may only lengthen the module's own name (`realtime_module`, beside a parameter called `realtime`)."""
