@@ -23,14 +23,16 @@ makes no more until they are decoded: one codec call never grows past it."""
 
 
 class Iteration:
-    """Part of `Engine` (`scheduler.py`): these methods run on its worker thread, on its state."""
+    """The worker's step, a part of `Engine` (`scheduler.py`) read apart: it runs on the worker thread over the
+    engine's parts (`self.admission`, `self.prefixes`, `self.audio`, `self.ends`), through their public methods,
+    and the model's stages."""
 
     def _iterate(self, admitted: list[ActiveStream]) -> None:
         eos = self.model.manifest.codec_ids["eos"]
         for act in [a for a in self.admission.active.values() if a.stream.cancelled]:
-            self._finish(act, "cancelled", flush=False)
+            self.ends.finish(act, "cancelled", flush=False)
         for act in [a for a in self.admission.active.values() if a.codec_fault is not None]:
-            self._fail(act, self._fault("codec", act.codec_fault, act))
+            self.ends.fail(act, self.ends.fault("codec", act.codec_fault, act))
         prefill = [a for a in admitted if a.seq in self.admission.active]
         # 2. codebook 0 for every stream that can step (logits there, text row there, reader keeping up)
         stepping, code0, text_rows = [], [], []
@@ -45,10 +47,10 @@ class Iteration:
                     if self._next_segment(act):
                         prefill.append(act)
                     else:
-                        self._finish(act, "eos")
+                        self.ends.finish(act, "eos")
                     continue
             except StreamFault as fault:
-                self._fail(act, fault)
+                self.ends.fail(act, fault)
                 continue
             stepping.append(act)
             code0.append(sampled[0])
@@ -62,7 +64,7 @@ class Iteration:
             c0s = dict(zip(map(id, stepping), code0))
             for act, out in list(self._predict(stepping, code0)):
                 if isinstance(out, StreamFault):
-                    self._fail(act, out)
+                    self.ends.fail(act, out)
                     continue
                 codes, frame_embedding = out
                 frame = np.concatenate([[c0s[id(act)]], codes]).astype(np.int64)
@@ -98,12 +100,12 @@ class Iteration:
                     else:
                         ended.append((act, reason))  # no next talker step: ends once its audio is flushed
                 except StreamFault as fault:
-                    self._fail(act, fault)
+                    self.ends.fail(act, fault)
         # 4. audio that is due, before the talker step: a chunk's latency need not include it (also of
         # streams that did not step: a player may be running dry, or their codec lane was busy)
         for act in list(self.admission.active.values()):
             if not act.stream.cancelled and (due := act.frames_due(self.clock())):
-                self.audio.emit(act, due, lambda a, e: self._fail(a, self._fault("codec", e, a)))
+                self.audio.emit(act, due, lambda a, e: self.ends.fail(a, self.ends.fault("codec", e, a)))
         self.audio.flush_due()
         # 5. prompts of admitted streams and new segments join the same decode
         for act in prefill:
@@ -112,7 +114,7 @@ class Iteration:
             try:
                 items.append(self.prefixes.prefill_item(act))
             except Exception as e:
-                self._fail(act, self._fault("prompt", e, act))
+                self.ends.fail(act, self.ends.fault("prompt", e, act))
                 continue
             owners.append(act)
         live = [(item, act) for item, act in zip(items, owners) if self.admission.holds(act)]
@@ -120,7 +122,7 @@ class Iteration:
             self._decode([i for i, _ in live], [a for _, a in live])
         for act, reason in ended:
             if self.admission.holds(act):
-                self._finish(act, reason)
+                self.ends.finish(act, reason)
         self.stats["iterations"] += 1
 
     def _can_step(self, act: ActiveStream) -> bool:
@@ -155,7 +157,7 @@ class Iteration:
             if not 0 <= c0 < len(act.logits):
                 raise ValueError(f"sampled code {c0} is out of range")
         except Exception as e:
-            raise self._fault("sampler", e, act) from None
+            raise self.ends.fault("sampler", e, act) from None
         return (c0, row) if c0 != eos else None
 
     def _predict(self, stepping: list[ActiveStream], code0: list[int]):
@@ -177,7 +179,7 @@ class Iteration:
             self._check_codes(out.codes)
         except Exception as e:
             if len(stepping) == 1:
-                yield stepping[0], self._fault("code predictor", e, stepping[0])
+                yield stepping[0], self.ends.fault("code predictor", e, stepping[0])
                 return
             for act, state, c0 in zip(stepping, states, code0):
                 act.rng.bit_generator.state = state
@@ -209,7 +211,7 @@ class Iteration:
         except Exception as e:
             if len(items) == 1:
                 talker.truncate(items[0].seq, items[0].pos)
-                self._fail(owners[0], self._fault("talker decode", e, owners[0]))
+                self.ends.fail(owners[0], self.ends.fault("talker decode", e, owners[0]))
                 return
             for item in items:
                 talker.truncate(item.seq, item.pos)
@@ -221,7 +223,7 @@ class Iteration:
         for item, act, (logits, hidden) in zip(items, owners, results):
             if not (np.isfinite(logits).all() and np.isfinite(hidden).all()):
                 talker.truncate(item.seq, item.pos)
-                self._fail(act, self._fault("talker decode", FloatingPointError("non-finite output"), act))
+                self.ends.fail(act, self.ends.fault("talker decode", FloatingPointError("non-finite output"), act))
                 continue
             act.logits, act.hidden = logits, hidden
             act.pos = item.pos + len(item.rows)
@@ -238,7 +240,7 @@ class Iteration:
             if not act.text.next_segment():
                 return False
         except Exception as e:
-            raise self._fault("prompt", e) from None
+            raise self.ends.fault("prompt", e) from None
         self.model.talker.drop(act.seq)
         act.segment_frames, act.pos, act.logits, act.hidden, act.history = 0, 0, None, None, set()
         act.guard.next_segment()

@@ -39,10 +39,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from qwen3_tts_gguf.engine.active import ActiveStream
 from qwen3_tts_gguf.engine.admission import Admission
 from qwen3_tts_gguf.engine.audio_out import AudioOut
-from qwen3_tts_gguf.engine.faults import Faults
+from qwen3_tts_gguf.engine.faults import StreamEnds
 from qwen3_tts_gguf.engine.health import EngineBusy, EngineHealth, EngineStopped
 from qwen3_tts_gguf.engine.iteration import Iteration
 from qwen3_tts_gguf.engine.prefix_cache import PrefixCache
@@ -62,21 +61,22 @@ IDLE_TRIM_S = 2.0
 """Seconds without streams after which the engine gives the heap they freed back (`heap.release_freed_heap`)."""
 
 
-class Engine(Iteration, Faults):
+class Engine(Iteration):
     """Owns a LoadedModel on a worker thread; `submit` requests, iterate their streams.
 
     The worker's parts, objects that own their state: the queues, slots and KV reservations
     (`admission.Admission`: `self.admission`), the voice prefixes (`prefix_cache.PrefixCache`: `self.prefixes`),
-    the codec and its lanes (`audio_out.AudioOut`: `self.audio`). One step of every stream (`iteration.py`) and
-    fault containment (`faults.py`) compose them, read apart; this module holds the lifecycle, the public calls,
-    the end of a stream and the worker loop."""
+    the codec and its lanes (`audio_out.AudioOut`: `self.audio`), the end of a stream and fault containment
+    (`faults.StreamEnds`: `self.ends`). One step of every stream over them is `iteration.py`, read apart; this
+    module holds the lifecycle, the public calls and the worker loop."""
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __init__(self, model: LoadedModel):
         self.model = model
         self.settings = model.settings
         self._frame_s = model.codec.samples_per_frame / model.codec.sample_rate
-        self.admission = Admission(model, self._frame_s, self._end_unstarted, self._admission_failed)
+        self.admission = Admission(model, self._frame_s, lambda *a: self.ends.end_unstarted(*a),
+                                   lambda stream, error: self.ends.admission_failed(stream, error))
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -92,9 +92,9 @@ class Engine(Iteration, Faults):
                                     self.settings.prefix_cache if Talker.prefix_slots(model.talker.settings) else 0,
                                     scratch_seq=self.settings.max_streams, counts=self.stats, name=model.name)
         self._prompt_pool: ThreadPoolExecutor | None = None  # later segments' prompts, built off both threads
-        self._stats_lock = threading.Lock()  # the codec lanes count errors too
-        self.audio = AudioOut(model.codec, self.admission, lambda: self.clock(), self._notify, self._fault,
-                              self._count_error)
+        self.audio = AudioOut(model.codec, self.admission, lambda: self.clock(), self._notify,
+                              lambda *a: self.ends.fault(*a), lambda: self.ends.count_error())
+        self.ends = StreamEnds(model.talker, self.admission, self.audio, self.prefixes, self.stats, model.name)
         self._heap_used = False  # streams ran since the heap was last given back (_give_back_heap_when_idle)
         self._lanes_drained: list[Future] | None = None  # the codec lanes' jobs queued before going idle
         self._idle_since: float | None = None  # when those were done
@@ -287,31 +287,30 @@ class Engine(Iteration, Faults):
         """End cancelled waiting streams; move live streams whose first token came into the queue."""
         for stream in [s for s in self.admission.waiting if s.cancelled]:
             self.admission.waiting.remove(stream)
-            self._end_unstarted(stream, "cancelled")
+            self.ends.end_unstarted(stream, "cancelled")
             self.admission.room_changed = True  # it may have been the one the others waited behind
         for stream in list(self.admission.waiting_text):
             if stream.cancelled:
                 self.admission.waiting_text.remove(stream)
                 self.prefixes.stream_left(stream)
-                self._end_unstarted(stream, "cancelled")
+                self.ends.end_unstarted(stream, "cancelled")
             elif stream.text.ready():
                 self.admission.waiting_text.remove(stream)
                 self.prefixes.stream_left(stream)
                 self.admission.waiting.append(stream)
                 self.admission.room_changed = True
 
-    def _finish(self, act: ActiveStream, reason: str, error: str | None = None, flush: bool = True,
-                retryable: bool = False) -> None:
-        """End a stream: its cells and slot freed here; its last audio (when `flush`) and result after
-        every chunk before them (in its codec lane when the codec overlaps)."""
-        self.model.talker.drop(act.seq)
-        self.admission.release(act)
-        act.text.cancel()
-        self.stats["streams_done"] += 1
-        if reason == "cancelled":
-            self.stats["cancelled"] += 1
-        frames, act.pending = (act.pending if flush else []), []
-        self.audio.conclude(act, reason, error, frames, retryable)
+    def _died(self, reason: str) -> None:
+        with self._wake:
+            self._failure = reason
+            self.ends.end_all("error", "the engine failed; retry", retryable=True)
+
+    def _reset_state(self) -> None:
+        """After a failure: every KV cell, slot, cached prefix and decoder state forgotten."""
+        self.model.talker.clear()
+        self.admission.reset()
+        self.prefixes.reset()
+        self.audio.reset()
 
     def _worker(self) -> None:
         try:
@@ -343,10 +342,10 @@ class Engine(Iteration, Faults):
                 log.exception("engine iteration of %s failed; ending its streams", self.model.name)
                 with self._wake:
                     for act in list(self.admission.active.values()):
-                        self._finish(act, "error", error="the engine failed while serving this stream; retry",
+                        self.ends.finish(act, "error", error="the engine failed while serving this stream; retry",
                                      flush=False, retryable=True)
                     self._reset_state()
-        self._end_all("cancelled")
+        self.ends.end_all("cancelled")
 
 
 __all__ = ["Engine", "EngineBusy", "EngineHealth", "EngineStopped", "Stream"]
