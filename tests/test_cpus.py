@@ -166,6 +166,7 @@ def test_a_step_leaves_a_core_to_a_codec_call_in_flight(converted_factory, monke
     llama.cpp's numbers depend on the thread count, and every step keeps 2 (`Talker.thread_invariant`)."""
     import time
 
+    from qwen3_tts_gguf.engine.audio_out import AudioOut
     from qwen3_tts_gguf.engine.request import SynthesisRequest
     from qwen3_tts_gguf.engine.scheduler import Engine
     from qwen3_tts_gguf.model.loaded import LoadedModel
@@ -176,7 +177,7 @@ def test_a_step_leaves_a_core_to_a_codec_call_in_flight(converted_factory, monke
     model = LoadedModel(folder, EngineSettings(threads=2, max_streams=2, codec_threads=codec_threads))
     assert model.talker.thread_invariant == (model_name == "small_cv")
     talker, seen, decided = model.talker, [], []
-    real_decode, real_codec, real_in_flight = talker.decode, model.codec.decode, Engine._codec_in_flight
+    real_decode, real_codec, real_in_flight = talker.decode, model.codec.decode, AudioOut.in_flight
 
     def in_flight(self):
         # what the engine saw when it chose the step's threads (a lane call may end before the decode)
@@ -185,7 +186,7 @@ def test_a_step_leaves_a_core_to_a_codec_call_in_flight(converted_factory, monke
 
     def decode(items):
         if sum(len(i.rows) for i in items) == 1:  # (an engine that cannot switch does not ask)
-            busy = decided[-1] if talker.thread_invariant else real_in_flight(engine)
+            busy = decided[-1] if talker.thread_invariant else real_in_flight(engine.audio)
             seen.append((talker._L.llama_n_threads(talker._ctx), busy))
         else:
             assert talker._L.llama_n_threads_batch(talker._ctx) == 2
@@ -197,7 +198,7 @@ def test_a_step_leaves_a_core_to_a_codec_call_in_flight(converted_factory, monke
 
     monkeypatch.setattr(talker, "decode", decode)
     monkeypatch.setattr(model.codec, "decode", slow_codec)
-    monkeypatch.setattr(Engine, "_codec_in_flight", in_flight)
+    monkeypatch.setattr(AudioOut, "in_flight", in_flight)
     engine = Engine(model)
     try:
         with engine:
