@@ -14,21 +14,26 @@ limit of 2 streams would refuse the load otherwise).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import shutil
 import socket
+import struct
 import threading
 import time
 from collections import Counter
 
 import openai
 import pytest
+import soundfile
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 from wyoming.audio import AudioChunk, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize
 
 from tests.replica_cluster import (
+    CHECK_FALL,
     CHECK_INTER_MS,
     CHECK_RISE,
     KEY,
@@ -44,6 +49,7 @@ from tests.replica_cluster import (
     run_async,
     scaling_signal,
 )
+from tests.test_cli_voices import speechlike
 from tests.waiting import wait_until
 
 TEXT = "Hello there, this is one of many requests spread over the replicas."
@@ -52,6 +58,8 @@ SEED = 7
 PCM_FRAME = 1920 * 2
 WYOMING_TEXT = "Turning on the lights."
 NAMES = ("r1", "r2", "r3")
+LONG_FRAMES = 160
+"""A stream a slow reader takes a few seconds over: in flight when a fault comes."""
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -212,7 +220,10 @@ def references(replica: Replica) -> dict[str, bytes]:
         live, _ = live_audio(ws)
     wyoming = wyoming_audio(replica.wyoming_port)  # Wyoming answers (its audio is not seeded: no reference)
     assert wyoming and len(wyoming) % PCM_FRAME == 0
-    return {"openai": r.content, "ws": live}
+    long = httpx.post(f"{replica.url}/v1/audio/speech", json={**body, "max_frames": LONG_FRAMES}, headers=AUTH,
+                      timeout=TIMEOUT_S)
+    assert long.status_code == 200 and len(long.content) == LONG_FRAMES * PCM_FRAME, long.text
+    return {"openai": r.content, "ws": live, f"openai-{LONG_FRAMES}": long.content}
 
 
 def failures(outcomes: list[Outcome]) -> list[Outcome]:
@@ -406,3 +417,235 @@ def test_the_client_address_reaches_the_replicas_through_x_forwarded_for(cluster
         assert other.ok and other.replica == "r1", other
         for ws in (one, two):
             ws.send(json.dumps({"type": "cancel"}))
+
+
+# -- voices on shared storage ---------------------------------------------------------------------------
+
+
+def wav_bytes(seed: int, seconds: float = 2.0, rate: int = 24000) -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, speechlike(seconds, rate, seed), rate, format="WAV")
+    return buf.getvalue()
+
+
+def test_a_voice_made_on_one_replica_is_spoken_on_another_at_once_then_replaced_and_deleted_on_a_third(cluster):
+    cluster.ensure(*NAMES)
+    voices = cluster.replicas["r1"].voices
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=60) as http:
+        def create(replica: str, seed: int, **fields: str) -> httpx.Response:
+            r = http.post(f"/v1/audio/voices?replica={replica}",
+                          data={"name": "shared-alice", "consent": "yes", **fields},
+                          files={"audio_sample": ("clip.wav", wav_bytes(seed), "audio/wav")})
+            assert r.status_code == 200 and r.headers["x-served-by"] == replica, r.text
+            return r
+
+        def speak(replica: str) -> httpx.Response:
+            r = http.post(f"/v1/audio/speech?replica={replica}", json={
+                "model": "tts-1", "input": "Hello from another replica.", "voice": "shared-alice",
+                "response_format": "pcm", "max_frames": 6, "seed": 3})
+            assert r.headers["x-served-by"] == replica
+            return r
+
+        assert create("r1", 0, text="Exactly what alice says in the clip.").json()["mode"] == "icl"
+        first = speak("r2")  # at once, on another replica
+        assert first.status_code == 200 and first.headers["x-qwen3tts-model"].startswith("tiny_base"), first.text
+        assert len(first.content) == 6 * PCM_FRAME and speak("r1").content == first.content
+        assert create("r3", 1, overwrite="true").json()["mode"] == "xvector"  # replaced through a third
+        replaced = speak("r1")
+        assert replaced.status_code == 200 and replaced.content != first.content
+        assert speak("r2").content == replaced.content
+        assert http.delete("/v1/audio/voices/shared-alice?replica=r3").status_code == 200  # deleted there too
+        for replica in ("r1", "r2"):
+            gone = speak(replica)
+            assert gone.status_code == 400 and gone.json()["error"]["param"] == "voice", gone.text
+            listed = http.get(f"/v1/audio/voices?replica={replica}").json()["voices"]
+            assert "shared-alice" not in {v["id"] for v in listed}
+    assert sorted(p.name for p in voices.iterdir()) == []  # no temporary or lock file left
+
+
+# -- resume across replicas ------------------------------------------------------------------------------
+
+
+def cut(ws: ClientConnection) -> None:
+    """Drop the TCP connection at once (an RST, no close frame): a lost network."""
+    ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    ws.close_socket()
+
+
+def detached(replica: Replica) -> float:
+    return metric_sum(replica.metrics(), "qtts_detached_streams")
+
+
+def test_a_cut_stream_resumes_on_the_replica_its_token_names_and_fails_by_name_elsewhere(cluster):
+    cluster.ensure(*NAMES)
+    address = "127.0.6.10"
+    ws = cluster.open_ws(address)
+    holder = ws.response.headers["x-served-by"]
+    ws.send(json.dumps({"type": "start", "voice": "alloy", "format": "pcm", "seed": SEED, "max_frames": FRAMES,
+                        "resumable": True}))
+    started = json.loads(ws.recv(timeout=TIMEOUT_S))
+    token = started["resume_token"]
+    assert token.startswith(holder + "."), (holder, token)
+    ws.send(json.dumps({"type": "text", "text": TEXT[:20], "seq": 1}))
+    got = bytearray()
+    while len(got) < PCM_FRAME:
+        got += ws.recv(timeout=TIMEOUT_S)
+    cut(ws)
+    wait_until(lambda: detached(cluster.replicas[holder]) == 1, "the stream to wait for its resume", 10)
+
+    for other in (name for name in NAMES if name != holder):  # routed to another replica: refused by name
+        with cluster.open_ws(address, f"?replica={other}") as wrong:
+            assert wrong.response.headers["x-served-by"] == other
+            wrong.send(json.dumps({"type": "resume", "resume_token": token, "audio_bytes": len(got)}))
+            reply = json.loads(wrong.recv(timeout=TIMEOUT_S))
+            assert reply["type"] == "error" and reply["error"]["code"] == "resume_failed", reply
+            assert f"held by replica {holder!r}" in reply["error"]["message"], reply
+            with pytest.raises(ConnectionClosed):
+                wrong.recv(timeout=TIMEOUT_S)
+            assert wrong.close_code == 1008
+    assert detached(cluster.replicas[holder]) == 1  # the refusals spent nothing
+
+    with cluster.open_ws(address, f"?replica={holder}") as right:  # the balancer routes on ?replica=
+        assert right.response.headers["x-served-by"] == holder
+        right.send(json.dumps({"type": "resume", "resume_token": token, "audio_bytes": len(got)}))
+        resumed = json.loads(right.recv(timeout=TIMEOUT_S))
+        assert resumed["type"] == "resumed" and resumed["id"] == started["id"], resumed
+        assert resumed["resume_token"].startswith(holder + ".")
+        right.send(json.dumps({"type": "text", "text": TEXT[20:], "seq": 2}))
+        right.send(json.dumps({"type": "stop"}))
+        rest = bytearray()
+        while isinstance(message := right.recv(timeout=TIMEOUT_S), bytes) or json.loads(message)["type"] != "done":
+            if isinstance(message, bytes):
+                rest += message
+    assert bytes(got + rest) == cluster.refs["ws"]  # nothing lost, nothing twice
+
+
+def test_the_python_sdk_resumes_through_the_balancer(cluster):
+    """qtts_client opens its resume socket with `?replica=` (its token's prefix): three cut utterances,
+    each resumed on its replica (without the parameter, least-connections would send most elsewhere)."""
+    from qtts_client import Audio, Client, Done, Resumed
+
+    cluster.ensure(*NAMES)
+    with Client(cluster.url, api_key=KEY, timeout=TIMEOUT_S) as client:
+        for _ in range(3):
+            with client.stream("alloy", seed=SEED, max_frames=FRAMES, resumable=True) as utterance:
+                holder = utterance.resume_token.split(".")[0]
+                utterance.send_text(TEXT[:20])
+                received = []
+                while not any(isinstance(e, Audio) for e in received):
+                    received.append(next(utterance))
+                utterance._runner.call(utterance._async.socket._ws.transport.abort)  # the network fails
+                utterance.send_text(TEXT[20:])
+                utterance.finish()
+                received += list(utterance)
+            assert [type(e) for e in received if isinstance(e, Resumed)] == [Resumed]
+            assert isinstance(received[-1], Done) and utterance.resume_token.startswith(holder + ".")
+            assert b"".join(e.data for e in received if isinstance(e, Audio)) == cluster.refs["ws"]
+
+
+# -- faults under load ----------------------------------------------------------------------------------
+
+
+
+class LongStreams:
+    """Slow HTTP streams of LONG_FRAMES through the balancer, one per `pins` entry (label -> replica), each
+    in a thread; `wait_audio` until each has received audio (mid-stream), `join` for their outcomes."""
+
+    def __init__(self, cluster: Cluster, pins: dict[str, str], pause_s: float = 0.05):
+        self.outcomes: dict[str, Outcome] = {}
+        self.audio = {label: threading.Event() for label in pins}
+        self.threads = []
+        for i, (label, replica) in enumerate(pins.items()):
+            def read(audio: bytearray, label: str = label) -> None:
+                self.audio[label].set()
+                time.sleep(pause_s)
+
+            def run(label: str = label, replica: str = replica, i: int = i, read=read) -> None:
+                self.outcomes[label] = cluster.speech(client_address("pinned", i), replica=replica,
+                                                      frames=LONG_FRAMES, read=read)
+            self.threads.append(threading.Thread(target=run, daemon=True))
+        for thread in self.threads:
+            thread.start()
+
+    def wait_audio(self) -> None:
+        for label, event in self.audio.items():
+            assert event.wait(TIMEOUT_S), f"no audio on the long stream {label}"
+
+    def join(self) -> dict[str, Outcome]:
+        for thread in self.threads:
+            thread.join(TIMEOUT_S * 2)
+            assert not thread.is_alive()
+        return self.outcomes
+
+
+def test_a_replica_killed_mid_stream_ends_its_streams_cleanly_and_the_others_go_on(cluster):
+    cluster.ensure(*NAMES)
+    balancer, victim = cluster.balancer, cluster.replicas["r2"]
+    with cluster.load(openai_workers=3, ws_workers=1, wyoming_workers=1, max_s=60) as load:
+        wait_until(lambda: load.count() >= 6, "the load to run", 30)
+        streams = LongStreams(cluster, {"victim-1": "r2", "victim-2": "r2", "other-1": "r1", "other-3": "r3"})
+        held = cluster.open_ws("127.0.6.20", "?replica=r2")  # a live stream on r2, waiting for more words
+        held.send(json.dumps({"type": "start", "voice": "alloy", "format": "pcm", "seed": SEED, "max_frames": 500}))
+        assert json.loads(held.recv(timeout=TIMEOUT_S))["type"] == "started"
+        held.send(json.dumps({"type": "text", "text": "Waiting for more words"}))
+        assert isinstance(held.recv(timeout=TIMEOUT_S), bytes)
+        streams.wait_audio()  # each long stream is mid-stream
+        killed_at = time.monotonic()
+        victim.kill()
+        down_at = balancer.wait_status("r2", "DOWN", 10)
+        with pytest.raises(ConnectionClosed):  # the live stream's client: a closed connection, at once
+            while True:
+                held.recv(timeout=TIMEOUT_S)
+        held_ended = time.monotonic()
+        long = streams.join()
+        after = load.count()
+        wait_until(lambda: load.count() >= after + 10, "new requests after the kill", 30)
+        outcomes = load.stop()
+    # the balancer saw it within its check interval (CHECK_FALL failed checks)
+    assert down_at - killed_at < CHECK_FALL * CHECK_INTER_MS / 1000 + 1.5, down_at - killed_at
+    # its clients got a clean end (an error or a closed connection), well before their read timeout
+    for label in ("victim-1", "victim-2"):
+        outcome = long[label]
+        assert not outcome.ok and outcome.error and outcome.replica == "r2", outcome
+        assert outcome.ended - killed_at < 5.0, outcome
+    assert held_ended - killed_at < 5.0
+    # the other replicas' streams in flight: untouched, whole
+    for label in ("other-1", "other-3"):
+        assert long[label].ok and long[label].replica == label.replace("other-", "r"), long[label]
+    # the load: failed only what was in flight on r2 when it died; everything asked after the kill was
+    # served (a connection refused is retried elsewhere until the checks take r2 out), none by r2 after
+    failed = failures(outcomes)
+    assert all(o.started < killed_at and o.ended - killed_at < 5.0 for o in failed), failed
+    assert all(o.ok and o.replica != "r2" for o in outcomes if o.started > killed_at), \
+        [o for o in outcomes if o.started > killed_at and not (o.ok and o.replica != "r2")]
+    check_usage(cluster, [*outcomes, *long.values()])
+
+
+def test_a_rolling_restart_under_load_fails_no_new_request_and_finishes_every_stream_in_flight(cluster):
+    """Each replica in turn, as a Deployment's rolling update (with the preStop pause) does it: out of the
+    balancer (HAProxy's `drain` state, no new work), SIGTERM (the server drains: /ready 503, its streams in
+    flight finish), exit 0, started again, ready, back in the balancer, taking work again."""
+    cluster.ensure(*NAMES)
+    balancer = cluster.balancer
+    kept: list[Outcome] = []
+    with cluster.load(openai_workers=3, ws_workers=2, wyoming_workers=1, max_s=120) as load:
+        wait_until(lambda: load.count() >= 6, "the load to run", 30)
+        for name in NAMES:
+            replica = cluster.replicas[name]
+            streams = LongStreams(cluster, {f"{name}-a": name, f"{name}-b": name})
+            streams.wait_audio()
+            balancer.set_state(name, "drain")  # out of the balancer: no new work from here
+            balancer.wait_status(name, "DRAIN")
+            replica.terminate()
+            assert replica.wait_exit(60) == 0, replica.log_tail()
+            kept += streams.join().values()
+            replica.start()
+            replica.wait_ready()
+            balancer.set_state(name, "ready")
+            back_at = balancer.wait_status(name, "UP")
+            wait_until(lambda: any(o.replica == name and o.started > back_at for o in list(load.outcomes)),
+                       f"{name} to take work again", 30)
+        outcomes = load.stop()
+    assert not failures(outcomes), failures(outcomes)[:5]
+    assert all(o.ok for o in kept), [o for o in kept if not o.ok]  # the streams in flight: whole
+    check_usage(cluster, [*outcomes, *kept])
