@@ -47,7 +47,8 @@ def root_path(text: str) -> str:
 
 root_path.__name__ = "path"
 
-MAX_REPLICA_ID_CHARS = 32
+MAX_REPLICA_ID_CHARS = 63
+"""A DNS label's length: a pod's name fits (QTTS_REPLICA_ID from the downward API, deploy/kubernetes)."""
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 

@@ -58,7 +58,8 @@ log = logging.getLogger("api.protocols.resume")
 
 TOKEN_BYTES = 16
 """128 random bits per token."""
-MAX_TOKEN_CHARS = 64
+MAX_TOKEN_CHARS = 96
+"""A replica id (at most 63 characters), a dot and the 22 characters of the secret fit."""
 REPLAY_HEADROOM_BYTES = 64 * 1024
 """Added to the PCM size of `max_buffered_audio_s`: a container's overhead (a WAV header, FLAC of noise)."""
 REPLAY_FRAME_BYTES = 64 * 1024
