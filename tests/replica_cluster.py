@@ -54,20 +54,33 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def haproxy_config(*, port: int, wyoming_port: int, stats_socket: Path, replicas: Iterable[Replica]) -> str:
-    """The balancer as docs/deploy.md prescribes it: health check on /ready (a drain takes a replica out
-    within CHECK_FALL checks, and its streams in flight go on: no `on-marked-down shutdown-sessions`),
-    long-lived sockets (`timeout tunnel`), the client's address in X-Forwarded-For, a retry elsewhere of a
-    request a replica refused before answering (connection refused, or 503 from a drain that began before
-    the check saw it), and a resume routed on `?replica=` (the part of its token before the dot)."""
-    replicas = list(replicas)
+@dataclass(frozen=True)
+class Server:
+    """A replica as the balancer names it: its name (= its --replica-id), address, HTTP and Wyoming ports."""
+
+    name: str
+    address: str
+    port: int
+    wyoming_port: int
+
+
+def haproxy_config(*, port: int, wyoming_port: int, stats_socket: Path | str, servers: Iterable[Server],
+                   address: str = "127.0.0.1") -> str:
+    """The balancer as docs/deploy.md prescribes it (and shows it: `test_the_docs_show_the_tested_config`):
+    health check on /ready (a drain takes a replica out within CHECK_FALL checks, and its streams in flight
+    go on: no `on-marked-down shutdown-sessions`), long-lived sockets (`timeout tunnel`), the client's address
+    in X-Forwarded-For, a retry elsewhere of a request a replica refused before answering (connection
+    refused, or 503 from a drain the checks have not seen yet), and a resume routed on `?replica=` (the part
+    of its token before the dot)."""
+    servers = list(servers)
     checks = f"check inter {CHECK_INTER_MS}ms fall {CHECK_FALL} rise {CHECK_RISE}"
-    pins = "\n".join(f"    use-server {r.name} if {{ urlp(replica) -m str {r.name} }}" for r in replicas)
-    http_servers = "\n".join(f"    server {r.name} 127.0.0.1:{r.port}" for r in replicas)
-    wyoming_servers = "\n".join(f"    server {r.name} 127.0.0.1:{r.wyoming_port} port {r.port}" for r in replicas)
+    pins = "\n".join(f"    use-server {s.name} if {{ urlp(replica) -m str {s.name} }}" for s in servers)
+    http_servers = "\n".join(f"    server {s.name} {s.address}:{s.port}" for s in servers)
+    wyoming_servers = "\n".join(f"    server {s.name} {s.address}:{s.wyoming_port} port {s.port}" for s in servers)
     return f"""\
 global
     maxconn 2000
+    # the runtime API: `set server replicas/r1 state drain` takes a replica out before it stops
     stats socket {stats_socket} mode 600 level admin
     hard-stop-after 5s
 
@@ -82,27 +95,35 @@ defaults
     timeout tunnel 1h
     timeout client-fin 5s
     timeout check 2s
+    # a request a replica refused before answering goes to another one (below: retry-on)
     retries 2
     option redispatch 1
 
 frontend tts
-    bind 127.0.0.1:{port}
+    bind {address}:{port}
+    # the client's address for the per-client limits: the replicas trust it from here (QTTS_TRUSTED_PROXIES)
     option forwardfor
     default_backend replicas
 
 backend replicas
+    # streams last seconds to minutes: the replica with the fewest connections takes the next one
     balance leastconn
+    # /ready: 503 while a replica drains or restarts an engine; a replica marked down keeps its
+    # streams in flight (no on-marked-down shutdown-sessions), it only gets no new ones
     option httpchk GET /ready
     http-check expect status 200
     default-server {checks}
+    # refused before any answer (not listening yet, gone, or draining before the checks saw it)
     retry-on conn-failure empty-response 503
+    # which replica served a request (the tests read it)
     http-response set-header X-Served-By %s
+    # a resume opened as /v1/ws?replica=NAME (its token's prefix) goes to that replica while it is up
 {pins}
 {http_servers}
 
 frontend wyoming
     mode tcp
-    bind 127.0.0.1:{wyoming_port}
+    bind {address}:{wyoming_port}
     timeout client 1h
     default_backend wyoming
 
@@ -110,6 +131,7 @@ backend wyoming
     mode tcp
     balance leastconn
     timeout server 1h
+    # Wyoming has no health route of its own: check the replica's HTTP port
     option httpchk GET /ready
     http-check expect status 200
     default-server {checks}
@@ -129,6 +151,7 @@ class Replica:
         self.proc: subprocess.Popen | None = None
         self.generation = 0
         self.log_path = root / f"{name}-0.log"
+        self.server = Server(name, "127.0.0.1", self.port, self.wyoming_port)
 
     # -- the process --------------------------------------------------------------------------
     def start(self) -> Replica:

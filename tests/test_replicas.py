@@ -264,7 +264,7 @@ def cluster(converted_factory, tmp_path_factory):
     replicas = {name: Replica(name, models, voices, root) for name in NAMES}
     port, wyoming_port = free_ports(2)
     balancer = Balancer(haproxy_config(port=port, wyoming_port=wyoming_port, stats_socket=root / "haproxy.sock",
-                                       replicas=replicas.values()), root, root / "haproxy.sock")
+                                       servers=[r.server for r in replicas.values()]), root, root / "haproxy.sock")
     cluster = Cluster(replicas, balancer, port, wyoming_port)
     try:
         for name in ("r1", "r2"):  # r3 comes later, under load
@@ -317,6 +317,8 @@ def test_a_replica_added_under_load_takes_new_work_once_ready_and_none_before(cl
     first = min(o.started for o in outcomes if o.replica == "r3")
     assert first - up_at < 5.0
     check_usage(cluster, outcomes)
+    print(f"\nadded: r3 ready -> UP in HAProxy {up_at - ready_at:.2f} s, its first request {first - up_at:.2f} s "
+          f"later; {len(outcomes)} requests, none failed, spread {dict(served_by(outcomes))}")
 
 
 # -- steady load: spread, forwarded, accounted, scaled on --------------------------------------------
@@ -619,6 +621,11 @@ def test_a_replica_killed_mid_stream_ends_its_streams_cleanly_and_the_others_go_
     assert all(o.ok and o.replica != "r2" for o in outcomes if o.started > killed_at), \
         [o for o in outcomes if o.started > killed_at and not (o.ok and o.replica != "r2")]
     check_usage(cluster, [*outcomes, *long.values()])
+    print(f"\nkilled: r2 DOWN in HAProxy {down_at - killed_at:.2f} s after SIGKILL; its clients' ends after "
+          f"{', '.join(f'{long[k].ended - killed_at:.2f}' for k in ('victim-1', 'victim-2'))} s (HTTP), "
+          f"{held_ended - killed_at:.2f} s (/v1/ws); load: {len(failed)} in flight on r2 failed, "
+          f"{sum(o.started > killed_at for o in outcomes)} asked after the kill all served; errors seen: "
+          f"{sorted({(o.error or '')[:60] for o in [*failed, long['victim-1'], long['victim-2']]})}")
 
 
 def test_a_rolling_restart_under_load_fails_no_new_request_and_finishes_every_stream_in_flight(cluster):
@@ -628,6 +635,7 @@ def test_a_rolling_restart_under_load_fails_no_new_request_and_finishes_every_st
     cluster.ensure(*NAMES)
     balancer = cluster.balancer
     kept: list[Outcome] = []
+    steps: list[str] = []
     with cluster.load(openai_workers=3, ws_workers=2, wyoming_workers=1, max_s=120) as load:
         wait_until(lambda: load.count() >= 6, "the load to run", 30)
         for name in NAMES:
@@ -636,16 +644,23 @@ def test_a_rolling_restart_under_load_fails_no_new_request_and_finishes_every_st
             streams.wait_audio()
             balancer.set_state(name, "drain")  # out of the balancer: no new work from here
             balancer.wait_status(name, "DRAIN")
+            stopped_at = time.monotonic()
             replica.terminate()
             assert replica.wait_exit(60) == 0, replica.log_tail()
+            exited_at = time.monotonic()
             kept += streams.join().values()
             replica.start()
-            replica.wait_ready()
-            balancer.set_state(name, "ready")
+            ready_at = replica.wait_ready()
+            balancer.set_state(name, "ready")  # back in the balancer: its checks decide from here
             back_at = balancer.wait_status(name, "UP")
+            steps.append(f"{name}: drained and exited in {exited_at - stopped_at:.2f} s, ready "
+                         f"{ready_at - exited_at:.2f} s after, UP {back_at - ready_at:.2f} s later")
             wait_until(lambda: any(o.replica == name and o.started > back_at for o in list(load.outcomes)),
                        f"{name} to take work again", 30)
         outcomes = load.stop()
     assert not failures(outcomes), failures(outcomes)[:5]
     assert all(o.ok for o in kept), [o for o in kept if not o.ok]  # the streams in flight: whole
     check_usage(cluster, [*outcomes, *kept])
+    row = balancer.stats()[("replicas", "BACKEND")]
+    print(f"\nrolling restart: {'; '.join(steps)}; {len(outcomes)} requests and {len(kept)} long streams in "
+          f"flight, none failed; HAProxy retried {row['wretr']} and redispatched {row['wredis']} in all")
