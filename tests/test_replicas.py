@@ -664,3 +664,14 @@ def test_a_rolling_restart_under_load_fails_no_new_request_and_finishes_every_st
     row = balancer.stats()[("replicas", "BACKEND")]
     print(f"\nrolling restart: {'; '.join(steps)}; {len(outcomes)} requests and {len(kept)} long streams in "
           f"flight, none failed; HAProxy retried {row['wretr']} and redispatched {row['wredis']} in all")
+
+
+def test_the_docs_show_the_tested_config():
+    """docs/deploy.md's HAProxy example is this module's configuration, rendered for three replicas at
+    10.0.0.11-13: what the docs prescribe is what ran."""
+    from tests.replica_cluster import ROOT, Server
+
+    config = haproxy_config(port=8100, wyoming_port=10200, stats_socket="/run/haproxy/admin.sock",
+                            address="0.0.0.0",
+                            servers=[Server(f"r{i}", f"10.0.0.1{i}", 8100, 10200) for i in (1, 2, 3)])
+    assert f"```haproxy\n{config}```" in (ROOT / "docs" / "deploy.md").read_text()
