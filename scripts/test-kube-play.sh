@@ -287,12 +287,12 @@ started = threading.Event()
 def long_stream():
     try:
         with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=120, json={
-                "model": "tts-1", "voice": "alloy", "response_format": "pcm", "max_frames": 400,
+                "model": "tts-1", "voice": "alloy", "response_format": "pcm", "max_frames": 400, "seed": 5,
                 "input": "A long passage read slowly while the pod stops. " * 4}) as resp:
             for chunk in resp.iter_bytes():
                 stream["bytes"] += len(chunk)
                 started.set()
-                time.sleep(len(chunk) / 48000 / 2)  # twice real time: still in flight after the preStop pause
+                time.sleep(len(chunk) / 48000)  # real time, as a player: still in flight after the preStop pause
     except Exception as e:
         stream["error"] = f"{type(e).__name__}: {e}"
     finally:
@@ -309,6 +309,8 @@ at_sigterm = stream["bytes"]
 stop = sh("podman", "pod", "stop", "-t", str(max(1, int(grace - pre_s))), pod)
 result["stop_s"] = time.perf_counter() - t0
 reader.join(60)
+if reader.is_alive():  # neither the rest of the stream nor the end of the connection came
+    stream["error"] = "still waiting 60 s after the stop: the rest of the stream and its end never came"
 code = sh("podman", "inspect", srv, "--format", "{{.State.ExitCode}}").stdout.strip()
 result["exit_code"] = code
 info(f"preStop ({' '.join(server['lifecycle']['preStop']['exec']['command'])}) by podman exec: {pre_s:.1f} s, "
@@ -317,10 +319,12 @@ info(f"preStop ({' '.join(server['lifecycle']['preStop']['exec']['command'])}) b
 info(f"the stream in flight: {at_sigterm / 48000:.2f} s of audio read at SIGTERM, {stream['bytes']} bytes "
      f"({stream['bytes'] / 48000:.2f} s) in all, "
      f"{'ended cleanly' if stream['error'] is None else 'CUT: ' + stream['error'][:120]}")
-logs = sh("podman", "logs", "--tail", "4", srv)
-for line in (logs.stdout + logs.stderr).strip().splitlines()[-4:]:
-    info(f"  | {line[:160]}")
-result["stream_complete"] = stream["error"] is None and stream["bytes"] > at_sigterm > 0
+logs = sh("podman", "logs", srv)
+for line in (logs.stdout + logs.stderr).strip().splitlines():
+    if any(word in line for word in ("drain", "bytes not yet", "Finished server")):
+        info(f"  | {line[:160]}")
+result["stream_complete"] = stream["error"] is None and stream["bytes"] > at_sigterm > 0 and \
+    stream["bytes"] % 3840 == 0
 if code != "0" or not result["stream_complete"]:
     json.dump(result, open(f"{work}/result.json", "w"))
     fail("the stop did not drain: the stream in flight was cut or the exit code is not 0")
