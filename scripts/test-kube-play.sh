@@ -16,7 +16,8 @@
 #     capabilities, seccomp, no_new_privs, CPU and memory limits, environment from the downward API),
 #     a request through it with the OpenAI SDK, a voice written to the voices volume
 #  6. the stop as the kubelet makes it (the manifest's preStop command, run with `podman exec`: podman
-#     runs no hooks; then `podman pod stop -t` the rest of the grace period) with a stream in flight:
+#     runs no hooks; then SIGTERM with the rest of the grace period, `podman stop -t` of the server
+#     container, and only then the pod and its network) with a player reading a stream at real time:
 #     the drain, the stream whole, exit code 0
 #
 # Needs root (rootful podman, its bridge network). Not part of scripts/test.sh or CI (the image build
@@ -306,7 +307,10 @@ pre = sh("podman", "exec", srv, *server["lifecycle"]["preStop"]["exec"]["command
 pre_s = time.perf_counter() - t0
 ready_after_prestop = probe(readiness)[1]
 at_sigterm = stream["bytes"]
-stop = sh("podman", "pod", "stop", "-t", str(max(1, int(grace - pre_s))), pod)
+# the kubelet stops the app containers and only then the pod's sandbox (its network); `podman pod stop`
+# stops the infra container alongside and takes the network away from a server still draining
+stop = sh("podman", "stop", "-t", str(max(1, int(grace - pre_s))), srv)
+sh("podman", "pod", "stop", "-t", "5", pod)
 result["stop_s"] = time.perf_counter() - t0
 reader.join(60)
 if reader.is_alive():  # neither the rest of the stream nor the end of the connection came
@@ -314,7 +318,7 @@ if reader.is_alive():  # neither the rest of the stream nor the end of the conne
 code = sh("podman", "inspect", srv, "--format", "{{.State.ExitCode}}").stdout.strip()
 result["exit_code"] = code
 info(f"preStop ({' '.join(server['lifecycle']['preStop']['exec']['command'])}) by podman exec: {pre_s:.1f} s, "
-     f"rc {pre.returncode}; /ready after it: {ready_after_prestop}; podman pod stop -t {int(grace - pre_s)}: "
+     f"rc {pre.returncode}; /ready after it: {ready_after_prestop}; podman stop -t {int(grace - pre_s)} (server): "
      f"{result['stop_s'] - pre_s:.1f} s more, server exit code {code}")
 info(f"the stream in flight: {at_sigterm / 48000:.2f} s of audio read at SIGTERM, {stream['bytes']} bytes "
      f"({stream['bytes'] / 48000:.2f} s) in all, "
