@@ -9,6 +9,7 @@ the engine's knobs are the ones `synth` takes too (`qwen3_tts_gguf/flags.py`). E
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -46,6 +47,24 @@ def root_path(text: str) -> str:
 
 
 root_path.__name__ = "path"
+
+MAX_REPLICA_ID_CHARS = 63
+"""A DNS label's length: a pod's name fits (QTTS_REPLICA_ID from the downward API, deploy/kubernetes)."""
+_REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def replica_id(text: str) -> str | None:
+    """An argparse type: a replica's name (letters, digits, `-` and `_`, at most MAX_REPLICA_ID_CHARS;
+    no dot: it ends the resume token's prefix); "" = none."""
+    if not text:
+        return None
+    if len(text) > MAX_REPLICA_ID_CHARS or not _REPLICA_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a replica id is letters, digits, - and _ (at most "
+                                         f"{MAX_REPLICA_ID_CHARS} characters)")
+    return text
+
+
+replica_id.__name__ = "name"
 
 
 def _shown(name: str, value) -> str:
@@ -141,6 +160,11 @@ def add_serve_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="serve HTTPS and WSS on --port with this certificate (chain), PEM (uvicorn's --ssl-certfile)")
     p.add_argument("--ssl-keyfile", type=Path, metavar="PEM",
                    help="the certificate's private key, PEM, unencrypted (default: in --ssl-certfile)")
+    p.add_argument("--replica-id", type=replica_id, metavar="NAME",
+                   help="this replica's name behind a load balancer (letters, digits, - and _; at most "
+                        f"{MAX_REPLICA_ID_CHARS}): resume tokens start with 'NAME.' so the balancer can route a "
+                        "resume (opened as /v1/ws?replica=NAME) to the replica that holds its stream, and a "
+                        "resume on another replica fails naming it (docs/deploy.md)")
     p.add_argument("--warm-up-voices", type=voice_list, metavar="VOICES",
                    help="before the port opens, each of these voices (comma-separated VOICE or VOICE:LANGUAGE, all "
                         "for every model's speakers and fitting profiles up to --prefix-cache, or none) speaks a short "

@@ -60,6 +60,10 @@ class ServerConfig:
     """TLS: the certificate chain (PEM) served on the port; None = plain HTTP (uvicorn's `ssl_certfile`)."""
     ssl_keyfile: Path | None = None
     """TLS: its private key (PEM); None = in `ssl_certfile`."""
+    replica_id: str | None = None
+    """This replica's name behind a load balancer ("r1"; None = none): it prefixes every resume token
+    (`r1.` + the secret part) so a balancer can send a resume to the replica that holds its stream
+    (`api/protocols/resume.py`, docs/deploy.md "Many machines")."""
     client_dir: Path | None = DEFAULT_CLIENT_DIR
     """The Python client package (`qtts_client/`) served as a wheel under `/sdk/` when it exists
     (`api/sdk/`); the browser SDK is `webui_dir / "browser-sdk"`."""
@@ -74,7 +78,8 @@ class ServerConfig:
         """From the `serve` arguments (a flag left out keeps its default); QTTS_API_KEY stands in for a
         missing --api-key."""
         given = {name: getattr(args, name) for name in ("drain_timeout_s", "log_format", "usage_log", "wyoming_port",
-                                                        "wyoming_host", "root_path", "ssl_certfile", "ssl_keyfile")
+                                                        "wyoming_host", "root_path", "ssl_certfile", "ssl_keyfile",
+                                                        "replica_id")
                  if getattr(args, name, None) is not None}
         warm_up_voices = getattr(args, "warm_up_voices", None)
         return cls(

@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import json
 import time
+import urllib.parse
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -261,7 +262,9 @@ class AsyncSpeechSocket:
             ws, self._ws = self._ws, None
             await ws.close()
 
-    async def _connect(self) -> ClientConnection:
+    async def _connect(self, replica: Optional[str] = None) -> ClientConnection:
+        """A new socket; `replica` (a resume token's replica, the part before its dot) goes in the URL as
+        `?replica=` for the load balancer to route the resume to the replica that holds the stream."""
         endpoint = self.client.endpoint
         headers = {} if self.client.key_in_query else {
             k: v for k, v in endpoint.headers().items() if k == "Authorization"}
@@ -274,6 +277,8 @@ class AsyncSpeechSocket:
         if endpoint.tls is not None:  # wss://
             kwargs["ssl"] = endpoint.tls
         url = endpoint.ws_url(self._path, self.client.key_in_query)
+        if replica:
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"replica": replica})
         try:
             return await connect(url, **kwargs)
         except InvalidStatus as e:  # refused before the upgrade (e.g. 503: too many connections)
@@ -596,7 +601,8 @@ class AsyncUtterance:
                                 audio_bytes=self.audio_bytes, raw=resumed)
 
     async def _try_resume(self) -> Tuple[ClientConnection, Dict[str, Any]]:
-        ws = await self.socket._connect()
+        replica, dot, _ = (self.resume_token or "").partition(".")
+        ws = await self.socket._connect(replica if dot else None)
         try:
             await self.socket._send({"type": "resume", "resume_token": self.resume_token,
                                      "audio_bytes": self.audio_bytes}, ws)

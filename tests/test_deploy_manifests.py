@@ -192,6 +192,7 @@ def test_deployment_probes_drain_and_volumes(rendered, overlay):
             flag = "--" + key[5:].lower().replace("_", "-")
             assert flag in flags, f"{key}: `serve` has no {flag}"
     assert isinstance(env["QTTS_API_KEY"], dict) and env["QTTS_API_KEY"]["secretKeyRef"]["optional"] is True
+    assert env["QTTS_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # resume tokens name the pod
 
     # Service and PodDisruptionBudget select these pods
     service = one(docs, "Service")

@@ -106,7 +106,8 @@ def test_the_command_line_wins(monkeypatch):
 
 
 @pytest.mark.parametrize("name, text", [("QTTS_MAX_STREAMS", "many"), ("QTTS_DETERMINISTIC", "maybe"),
-                                        ("QTTS_LOG_FORMAT", "xml"), ("QTTS_DRAIN_TIMEOUT_S", "-1")])
+                                        ("QTTS_LOG_FORMAT", "xml"), ("QTTS_DRAIN_TIMEOUT_S", "-1"),
+                                        ("QTTS_REPLICA_ID", "r1.west"), ("QTTS_REPLICA_ID", "r" * 64)])
 def test_an_invalid_value_is_a_usage_error(monkeypatch, capsys, name, text):
     monkeypatch.setenv(name, text)
     with pytest.raises(SystemExit) as exited:

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection
+from websockets.sync.client import ClientConnection, connect
 
 from api.limits import ServerLimits
 from api.testing import ServerThread
@@ -191,6 +191,40 @@ def test_a_resume_with_another_key_fails_and_leaves_the_stream_resumable(registr
             assert resumed["type"] == "resumed"
             send(ws3, type="cancel")
             until_done(ws3)
+    assert wait_idle(registry)["active"] == 0
+
+
+def test_a_replica_id_prefixes_the_token_and_a_token_of_another_replica_is_refused_by_name(registry):
+    """`--replica-id r1`: tokens are `r1.` + 22 secret characters, rotated with the same prefix (a balancer
+    routes the resume socket on `?replica=r1`, which the server ignores); a token naming another replica
+    (here the stream's own secret under another name) is refused with a message naming the holder, and
+    the refusal spends nothing."""
+    from api import ServerConfig, create_app
+
+    config = ServerConfig(api_key=KEY, webui_dir=None, replica_id="r1")
+    with ServerThread(create_app(config, registry)) as server:
+        reference = whole_text_pcm(server, TEXT, max_frames=FRAMES)
+        token, got = cut_midway(server)
+        replica, dot, secret = token.partition(".")
+        assert (replica, dot, len(secret)) == ("r1", ".", 22), token
+        eventually(lambda: detached(server) == 1)
+        for other in ("r2", "x"):
+            ws2, reply = resume(server, f"{other}.{secret}", len(got))
+            assert "held by replica " + repr(other) in reply["error"]["message"], reply
+            assert "'r1'" in reply["error"]["message"] and f"?replica={other}" in reply["error"]["message"]
+            assert refused(ws2, reply) == ("resume_token", 1008)
+        ws3, reply = resume(server, secret, len(got))  # the secret alone names no stream here
+        assert refused(ws3, reply) == ("resume_token", 1008) and "held by" not in reply["error"]["message"]
+        ws4 = connect(f"{ws_helpers.ws_url(server)}&replica=r1", proxy=None, open_timeout=TIMEOUT)  # ignored here
+        send(ws4, type="resume", resume_token=token, audio_bytes=len(got))
+        with ws4:
+            resumed = event(ws4)
+            assert resumed["type"] == "resumed" and resumed["resume_token"].startswith("r1.")
+            assert resumed["resume_token"] != token
+            send(ws4, type="text", text=SECOND, seq=2)
+            send(ws4, type="stop")
+            audio, events = until_done(ws4)
+        assert got + audio == reference and events[-1]["type"] == "done"
     assert wait_idle(registry)["active"] == 0
 
 

@@ -15,7 +15,10 @@ and the listener stays open while it lasts:
   process's transport and the kernel's send queue, and a container's network goes when its process
   ends (those bytes would be lost, the stream cut). So the drain also waits, within the same
   deadline, until every connection's buffers are empty (`OutboundBytes`: the transport's buffer plus
-  the kernel's unacknowledged send queue, `SIOCOUTQ`);
+  the kernel's unacknowledged send queue, `SIOCOUTQ`), and until the sockets this server closed
+  earlier have sent theirs (a `Connection: close` response finished before the signal, still being
+  read: the kernel keeps sending it after the close, but not after a container's network is gone;
+  their queues are read from the kernel's table of this network namespace, `/proc/self/net/tcp*`);
 - then uvicorn stops as usual (listener, connections, the app's lifespan): exit code 0.
 A second signal ends the process at once, with exit code 128 + the signal number.
 
@@ -29,6 +32,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -136,8 +140,10 @@ class OutboundBytes:
     transports' buffers count). `close` lets the sockets go.
     """
 
-    def __init__(self, connections: Iterable[object]):
+    def __init__(self, connections: Iterable[object], ports: Iterable[int] = ()):
         self._connections = connections
+        self._ports = set(ports)
+        """The listening ports: sockets of theirs the process closed already still count (`closed_queues`)."""
         self._fds: list[int] = []
 
     def watch(self) -> None:
@@ -155,17 +161,47 @@ class OutboundBytes:
             transport = getattr(protocol, "transport", None)
             if transport is not None:
                 total += transport.get_write_buffer_size()
+        held = 0
         for fd in self._fds:
             try:
-                total += struct.unpack("i", fcntl.ioctl(fd, _OUTQ, b"\0\0\0\0"))[0]
+                held += struct.unpack("i", fcntl.ioctl(fd, _OUTQ, b"\0\0\0\0"))[0]
             except OSError:
                 pass
-        return total
+        # the kernel's table has the held sockets too, and the ones closed before the drain began
+        return total + max(held, closed_queues(self._ports))
 
     def close(self) -> None:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+
+
+TCP_TABLES = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
+_TCP_LISTEN = "0A"
+
+
+def closed_queues(ports: Iterable[int], tables: Iterable[str] = TCP_TABLES) -> int:
+    """Bytes not yet acknowledged by their clients on every TCP socket of this network namespace whose
+    local port is one of `ports` (listeners aside): the `tx_queue` column of the kernel's tables, which
+    also lists the sockets a process has closed while their data is still going out. 0 where the tables
+    cannot be read (not Linux)."""
+    ports = {f"{port:04X}" for port in ports}
+    if not ports:
+        return 0
+    total = 0
+    for table in tables:
+        try:
+            with open(table) as f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) < 5 or fields[3] == _TCP_LISTEN:
+                        continue
+                    if fields[1].rpartition(":")[2] in ports:
+                        total += int(fields[4].partition(":")[0], 16)
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def _socket_of(protocol: object):
@@ -214,7 +250,9 @@ class DrainingServer(uvicorn.Server):
             self.lifecycle.draining = True  # /ready and new work see it at once; on_tick starts the drain
 
     async def _drain_then_release(self) -> None:
-        outbound = OutboundBytes(self.server_state.connections)
+        ports = {sock.getsockname()[1] for server in self.servers for sock in (server.sockets or ())
+                 if sock.family in (socket.AF_INET, socket.AF_INET6)}
+        outbound = OutboundBytes(self.server_state.connections, ports)
         outbound.watch()
         try:
             await self.lifecycle.drain(self.drain_timeout_s, outbound)

@@ -28,7 +28,11 @@ engine slot while it waits. While the server drains, lost streams are cancelled 
 end (a resume could not reach this process any more).
 
 All of this is process-local: behind a load balancer with several replicas, a `resume` must reach
-the replica that ran the stream (sticky routing), or it fails with `resume_failed`.
+the replica that ran the stream. A server given a replica id (`--replica-id r1`, `QTTS_REPLICA_ID`)
+makes its tokens `r1.` + the secret part: the client opens the resume socket as `/v1/ws?replica=r1`
+(the part before the dot; never the token itself in a URL), which the balancer routes on (docs/deploy.md,
+"Many machines"). A token of another replica is refused with `resume_failed` naming the replica that
+holds it; a token without a known stream fails as any unknown token does.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ log = logging.getLogger("api.protocols.resume")
 
 TOKEN_BYTES = 16
 """128 random bits per token."""
-MAX_TOKEN_CHARS = 64
+MAX_TOKEN_CHARS = 96
+"""A replica id (at most 63 characters), a dot and the 22 characters of the secret fit."""
 REPLAY_HEADROOM_BYTES = 64 * 1024
 """Added to the PCM size of `max_buffered_audio_s`: a container's overhead (a WAV header, FLAC of noise)."""
 REPLAY_FRAME_BYTES = 64 * 1024
@@ -312,11 +317,20 @@ class _DetachedSession:
         self.resumable.utterance.cancel()
 
 
+def token_replica(token: str) -> str | None:
+    """The replica a token names (the part before its first dot), or None (a token of a server without
+    a replica id: `secrets.token_urlsafe` has no dot)."""
+    replica, dot, _ = token.partition(".")
+    return replica if dot else None
+
+
 class ResumeRegistry:
     """The resumable streams of one app (tokens, detached streams); used on the event loop only."""
 
-    def __init__(self, limits: ServerLimits):
+    def __init__(self, limits: ServerLimits, replica_id: str | None = None):
         self.limits = limits
+        self.replica_id = replica_id
+        """Prefixes every token (`replica.secret`) when set."""
         self._by_token: dict[bytes, Resumable] = {}
         self.detached: set[Resumable] = set()
 
@@ -334,6 +348,13 @@ class ResumeRegistry:
         if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS:
             raise resume_failed("A resume message needs 'resume_token': the token of `started` or of the last "
                                 "`resumed`.")
+        holder = token_replica(token)
+        if holder is not None and holder != self.replica_id:
+            raise resume_failed(
+                f"This stream is held by replica {holder!r}, not by this one "
+                f"({'no replica id' if self.replica_id is None else repr(self.replica_id)}): the resume reached the "
+                f"wrong replica. Open the resume socket as /v1/ws?replica={holder} so that the load balancer routes "
+                "it to that replica (docs/deploy.md).")
         digest = _digest(token)
         resumable = self._by_token.get(digest)
         if resumable is None or resumable._token is None or not hmac.compare_digest(resumable._token, digest) \
@@ -394,6 +415,8 @@ class ResumeRegistry:
         if resumable._token is not None:
             self._by_token.pop(resumable._token, None)
         token = secrets.token_urlsafe(TOKEN_BYTES)
+        if self.replica_id is not None:
+            token = f"{self.replica_id}.{token}"
         resumable._token = _digest(token)
         self._by_token[resumable._token] = resumable
         return token
@@ -404,5 +427,6 @@ def resume_registry(websocket: WebSocket) -> ResumeRegistry:
     app_state = websocket.app.state
     registry = getattr(app_state, "qtts_resume", None)
     if registry is None:
-        registry = app_state.qtts_resume = ResumeRegistry(get_state(websocket).config.limits)
+        config = get_state(websocket).config
+        registry = app_state.qtts_resume = ResumeRegistry(config.limits, config.replica_id)
     return registry
