@@ -405,7 +405,7 @@ class ContainerReplica(Replica):
         return subprocess.run(["podman", *self.global_args, *args], capture_output=True, text=True, timeout=timeout)
 
     def start(self) -> Replica:
-        self._podman("rm", "-f", "-t", "0", self.container)
+        self._podman("rm", "-f", "-v", "-t", "0", self.container)
         self.generation += 1
         mounts = ["-v", f"{self.voices}:/data/voices", "-v", f"{self.usage_log.parent}:/data/usage"]
         for model in self.models:
@@ -446,7 +446,7 @@ class ContainerReplica(Replica):
     def stop(self) -> None:
         if self._started:
             self._podman("stop", "-t", "40", self.container, timeout=60)
-            self._podman("rm", "-f", "-t", "0", self.container)
+            self._podman("rm", "-f", "-v", "-t", "0", self.container)
             self._started = False
 
     def log_tail(self) -> str:
