@@ -185,7 +185,7 @@ class Replica:
     def wait_ready(self, timeout_s: float = 120.0) -> float:
         """Waits for /ready 200; the moment it was first seen (time.monotonic())."""
         wait_until(lambda: not self.running or self.ready_status() == 200, f"{self.name} to be ready", timeout_s)
-        assert self.running, f"{self.name} exited {self.proc.returncode}:\n{self.log_tail()}"
+        assert self.running, f"{self.name} exited:\n{self.log_tail()}"
         return time.monotonic()
 
     def terminate(self) -> None:
@@ -376,3 +376,79 @@ class Load:
 
 def run_async(coro: Any, timeout: float = TIMEOUT_S * 2) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+class ContainerReplica(Replica):
+    """The same replica as a container of `image` (`QTTS_REPLICA_IMAGE`: scripts/test-container-replicas.sh),
+    its ports published on 127.0.0.1, the models mounted read-only, the shared voices folder and a usage
+    log folder of its own mounted read-write (owned by the image's uid 10001), the settings in the
+    environment as the Kubernetes manifests give them. `podman` with `runtime` args (runc and ulimits
+    where podman's default fails here)."""
+
+    UID = 10001
+    CONTAINER_NETWORKS = "10.88.0.0/16,10.89.0.0/16"
+    """Rootful podman's bridge networks: published ports reach the server from the bridge's gateway,
+    which is the balancer's hop here (QTTS_TRUSTED_PROXIES)."""
+
+    def __init__(self, name: str, models: list[Path], voices: Path, root: Path, image: str,
+                 global_args: list[str], run_args: list[str]):
+        super().__init__(name, models, voices, root)
+        self.image, self.global_args, self.run_args = image, global_args, run_args
+        self.container = f"qtts-replica-{name}-{os.getpid()}"
+        usage_dir = root / f"usage-{name}"
+        usage_dir.mkdir(exist_ok=True)
+        os.chown(usage_dir, self.UID, self.UID)
+        self.usage_log = usage_dir / "usage.jsonl"
+        self._started = False
+
+    def _podman(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *self.global_args, *args], capture_output=True, text=True, timeout=timeout)
+
+    def start(self) -> Replica:
+        self._podman("rm", "-f", "-v", "-t", "0", self.container)
+        self.generation += 1
+        mounts = ["-v", f"{self.voices}:/data/voices", "-v", f"{self.usage_log.parent}:/data/usage"]
+        for model in self.models:
+            mounts += ["-v", f"{model}:/data/model-base/{model.name}:ro"]
+        env = {"QTTS_API_KEY": KEY, "QTTS_REPLICA_ID": self.name,
+               "QTTS_TRUSTED_PROXIES": f"127.0.0.1,{self.CONTAINER_NETWORKS}",
+               "QTTS_MODEL": ",".join(f"/data/model-base/{m.name}" for m in self.models),
+               "QTTS_WYOMING_PORT": "10200", "QTTS_THREADS": "1", "QTTS_DETERMINISTIC": "1",
+               "QTTS_MAX_STREAMS": "4", "QTTS_MAX_BUFFERED_AUDIO_S": "1", "QTTS_WARM_UP_VOICES": "none",
+               "QTTS_DRAIN_TIMEOUT_S": "30", "QTTS_USAGE_LOG": "/data/usage/usage.jsonl", "QTTS_LOG_FORMAT": "json"}
+        args = ["run", "-d", "--name", self.container, *self.run_args, *mounts,
+                "-p", f"127.0.0.1:{self.port}:8100", "-p", f"127.0.0.1:{self.wyoming_port}:10200"]
+        for k, v in env.items():
+            args += ["-e", f"{k}={v}"]
+        done = self._podman(*args, self.image)
+        assert done.returncode == 0, done.stderr
+        self._started = True
+        return self
+
+    @property
+    def running(self) -> bool:
+        if not self._started:
+            return False
+        state = self._podman("inspect", self.container, "--format", "{{.State.Running}}")
+        return state.returncode == 0 and state.stdout.strip() == "true"
+
+    def terminate(self) -> None:
+        self._podman("kill", "-s", "TERM", self.container)
+
+    def kill(self) -> None:
+        self._podman("kill", "-s", "KILL", self.container)
+        self._podman("wait", self.container)
+
+    def wait_exit(self, timeout_s: float = 60.0) -> int:
+        done = self._podman("wait", self.container, timeout=timeout_s)
+        return int(done.stdout.strip().splitlines()[-1])
+
+    def stop(self) -> None:
+        if self._started:
+            self._podman("stop", "-t", "40", self.container, timeout=60)
+            self._podman("rm", "-f", "-v", "-t", "0", self.container)
+            self._started = False
+
+    def log_tail(self) -> str:
+        logs = self._podman("logs", "--tail", "40", self.container)
+        return (logs.stdout + logs.stderr)[-4000:]

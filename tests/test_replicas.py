@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import shutil
 import socket
 import struct
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import openai
 import pytest
@@ -39,6 +41,7 @@ from tests.replica_cluster import (
     KEY,
     TIMEOUT_S,
     Balancer,
+    ContainerReplica,
     Load,
     Outcome,
     Replica,
@@ -261,7 +264,19 @@ def cluster(converted_factory, tmp_path_factory):
     voices = root / "voices"
     voices.mkdir()
     models = [converted_factory("tiny_cv", "f32"), converted_factory("tiny_base", "f32")]
-    replicas = {name: Replica(name, models, voices, root) for name in NAMES}
+    image = os.environ.get("QTTS_REPLICA_IMAGE")  # scripts/test-container-replicas.sh: containers of that image
+    if image:
+        os.chown(voices, ContainerReplica.UID, ContainerReplica.UID)
+        copies = root / "models"  # readable by the image's user (the cache may hold files of mode 0600)
+        models = [Path(shutil.copytree(model, copies / model.name)) for model in models]
+        for path in copies.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        copies.chmod(0o755)
+        global_args = os.environ.get("QTTS_REPLICA_PODMAN_ARGS", "").split()
+        run_args = os.environ.get("QTTS_REPLICA_RUN_ARGS", "").split()
+        replicas = {name: ContainerReplica(name, models, voices, root, image, global_args, run_args) for name in NAMES}
+    else:
+        replicas = {name: Replica(name, models, voices, root) for name in NAMES}
     port, wyoming_port = free_ports(2)
     balancer = Balancer(haproxy_config(port=port, wyoming_port=wyoming_port, stats_socket=root / "haproxy.sock",
                                        servers=[r.server for r in replicas.values()]), root, root / "haproxy.sock")
