@@ -14,6 +14,11 @@ digest="$(cat "${files[@]}" scripts/setup_env.sh | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
   exit 0
 fi
+# the test profile installs the runtime's requirements too: a current test setup serves as it is
+test_digest="$(cat requirements.txt requirements-test.txt scripts/setup_env.sh | sha256sum | cut -d' ' -f1)"
+if [ "$profile" = runtime ] && [ -f .venv/.installed-test ] && [ "$(cat .venv/.installed-test)" = "$test_digest" ]; then
+  exit 0
+fi
 echo "setting up .venv ($profile): installing requirements (first run builds llama-cpp-python: ~7 min)" >&2
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt

@@ -30,14 +30,15 @@ class ServeProcess:
     """`serve *args` on 127.0.0.1 and a free port, stdout and stderr in `log_path`; a context manager
     that waits for `/ready` and kills the process if a test leaves it running."""
 
-    def __init__(self, *args: str, log_path: Path, env: dict[str, str] | None = None):
+    def __init__(self, *args: str, log_path: Path, env: dict[str, str] | None = None,
+                 command: tuple[str, ...] = (sys.executable, "-m", "qwen3_tts_gguf", "serve")):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "qwen3_tts_gguf", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args],
+            [*command, "--host", "127.0.0.1", "--port", str(self.port), *args],
             cwd=ROOT, env={**os.environ, **(env or {})}, stdout=self._log, stderr=subprocess.STDOUT)
 
     def __enter__(self) -> ServeProcess:
