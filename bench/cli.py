@@ -104,9 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time "
                         "to first audio for the configurations a user can choose, side by side (about 2 min, and about "
                         "2 min for each model it has to convert); stages, the code predictor and the codec on each "
-                        "runtime; peers, the peer engines on PyPI beside ours (its first run installs each peer into a "
+                        "runtime; stages-gpu, the ggml graphs on --stages-device beside their ONNX references (run it "
+                        "with the Vulkan build: .venv-vulkan/bin/python -m bench ...); peers, the peer engines on PyPI "
+                        "beside ours (its first run installs each peer into a "
                         "venv under bench/cache/ and converts the checkpoint for it); honours --threads, --quiet-wait, "
                         "--no-official, --doc, --no-doc")
+    p.add_argument("--stages-device", default="Vulkan0", metavar="NAME",
+                   help="the ggml device of --only stages-gpu (llama.cpp's name, as `doctor` lists it; lavapipe needs "
+                        "GGML_VK_VISIBLE_DEVICES=0; default %(default)s)")
     p.add_argument("--render", type=Path, help="re-render the report from a saved results JSON and exit")
     return p
 
@@ -477,6 +482,35 @@ def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -
     return out
 
 
+GPU_STAGE_FRAMES, GPU_STAGE_ROUNDS = 8, 1
+"""The stage-runtimes block on a ggml GPU device: fewer frames and one round (on lavapipe, a software device, a
+frame of the published codec takes seconds)."""
+
+
+def _stage_runtimes_gpu(progress, threads: int, shapes: list[str], quiet_s: float, device: str) -> dict:
+    """The stage-runtimes block with the ggml graphs on `device` (`--stages-device`; under the Vulkan build,
+    `.venv-vulkan`), beside their fp32 ONNX references on the CPU: the default preset's f16 code predictor and the
+    f32 codec, at GPU_STAGE_FRAMES frames, one round."""
+    from bench import machine
+
+    out = {**machine.block_origin(), "device": device, "shapes": {}}
+    for shape in shapes:
+        _, fp32 = _converted_model(threads, progress.bar.write, shape, "q8_0", "fp32")
+        _, int8 = _converted_model(threads, progress.bar.write, shape, "q8_0", "int8")
+        variants = [
+            dict(name="cp onnx fp32", stage="predictor", runtime="onnxruntime", folder=str(fp32), precision="fp32"),
+            dict(name=f"cp ggml f16 {device}", stage="predictor", runtime="ggml", folder=str(int8),
+                 stages_file=str(int8 / "llama_stages.gguf"), precision="f16", device=device),
+            dict(name="codec onnx fp32", stage="codec", runtime="onnxruntime", folder=str(int8), precision="fp32"),
+            dict(name=f"codec ggml f32 {device}", stage="codec", runtime="ggml", folder=str(int8), precision="f32",
+                 device=device),
+        ]
+        out["shapes"][shape] = one_shot(progress, "stages", {"variants": variants, "threads": threads,
+                                                             "frames": GPU_STAGE_FRAMES, "rounds": GPU_STAGE_ROUNDS,
+                                                             "quiet_s": quiet_s}, 3600)
+    return out
+
+
 def _peers(progress, step, threads: int, shapes: list[str], quiet_s: float) -> dict:
     """The peers block (bench/pipelines/peers.py): ours and the peer engines on PyPI, side by side, per shape."""
     from bench.pipelines import peers
@@ -490,7 +524,8 @@ OVERLAP_FRAMES, OVERLAP_ROUNDS = MODES["full"]["frames"], 5  # utterances as lon
 CODEC_ROUNDS = 5
 ONLY_BLOCKS = {"busy": "## Busy machine", "memory": "## Memory", "overlap": "## Codec overlap",
                "codec": "## Codec precision", "latency": "## Time to first audio per configuration",
-               "stages": "## Stage runtimes", "peers": "## Peer engines"}
+               "stages": "## Stage runtimes", "stages-gpu": "## Stage runtimes on a GPU device",
+               "peers": "## Peer engines"}
 """--only NAME -> its section of the report"""
 
 
@@ -519,6 +554,9 @@ def run_only(args) -> dict:
             block = _first_audio(progress, plan["threads"][0], plan["quiet_s"])
         elif args.only == "stages":
             block = _stage_runtimes(progress, plan["threads"][0], plan["shapes"], plan["quiet_s"])
+        elif args.only == "stages-gpu":
+            block = _stage_runtimes_gpu(progress, plan["threads"][0], plan["shapes"], plan["quiet_s"],
+                                        args.stages_device)
         elif args.only == "peers":
             block = _peers(progress, step, plan["threads"][0], plan["shapes"], plan["quiet_s"])
         else:

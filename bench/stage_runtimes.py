@@ -38,14 +38,14 @@ def _chunks(frames: int) -> list[int]:
     return sizes
 
 
-def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threads: int):
-    """(stage object, what to close or None)."""
+def _load(kind: str, runtime: str, folder: Path, stages_file: Path | None, threads: int, device: str | None = None):
+    """(stage object, what to close or None); `device`: the ggml device of a ggml variant (None: the CPU)."""
     from qwen3_tts_gguf.model.manifest import CODEC_FILE, load_manifest
 
     if runtime == "ggml":
         from qwen3_tts_gguf.ggml.graph import Backend
 
-        backend = Backend(threads=threads)
+        backend = Backend(device, threads=threads)
         if kind == "predictor":
             from qwen3_tts_gguf.ggml.batched_predictor import GgmlCodePredictor
 
@@ -108,7 +108,7 @@ def _loaded_mb(variant: dict, threads: int) -> float:
     variants freed into would hide it)."""
     before = rss_mb()
     obj, closer = _load(variant["stage"], variant["runtime"], Path(variant["folder"]),
-                        variant.get("stages_file") and Path(variant["stages_file"]), threads)
+                        variant.get("stages_file") and Path(variant["stages_file"]), threads, variant.get("device"))
     grown = rss_mb() - before
     if closer is not None:
         closer.close()
@@ -132,8 +132,8 @@ def _time_codec(codec, codes: np.ndarray, streams: int) -> tuple[float, np.ndarr
 def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 2, quiet_s: float = 0.0,
             progress=None) -> dict:
     """`variants`: {"name", "stage" (predictor | codec), "runtime" (onnxruntime | ggml), "folder",
-    "stages_file", "precision"}; the first of each stage is its reference (fp32 ONNX). Returns every variant's
-    figures."""
+    "stages_file", "precision"[, "device": a ggml variant's device, e.g. Vulkan0]}; the first of each stage is its
+    reference (fp32 ONNX, on the CPU). Returns every variant's figures."""
     from qwen3_tts_gguf.model.manifest import load_manifest
 
     manifest = load_manifest(Path(variants[0]["folder"]))
@@ -150,6 +150,7 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
         for v in variants:
             name, stage = v["name"], v["stage"]
             entry = out["variants"][name] = {k: v[k] for k in ("stage", "runtime", "precision")}
+            entry["device"] = v.get("device") or "CPU"
             entry.update({f"ms_per_frame_{n}": [] for n in STREAMS} | {"background": []})
             if progress:
                 progress(f"stage runtimes: loading {name}")
@@ -157,7 +158,7 @@ def measure(variants: list[dict], threads: int, frames: int = 24, rounds: int = 
                 with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                     entry["loaded_mb"] = pool.submit(_loaded_mb, v, threads).result()
                 obj, closer = _load(stage, v["runtime"], Path(v["folder"]),
-                                    v.get("stages_file") and Path(v["stages_file"]), threads)
+                                    v.get("stages_file") and Path(v["stages_file"]), threads, v.get("device"))
             except Exception as e:  # a runtime that cannot load here is reported, not fatal
                 entry["error"] = f"{type(e).__name__}: {e}"[:300]
                 continue

@@ -15,7 +15,7 @@ from bench.report.overlap import render_overlap
 from bench.report.peers import render_peers
 from bench.report.results import limit_values, probe_spread
 from bench.report.shape import render_shape
-from bench.report.stages import render_stages
+from bench.report.stages import render_stages, render_stages_gpu
 from bench.report.targets import render_targets
 
 SUMMARY = ROOT / "bench" / "summary.md"
@@ -164,7 +164,8 @@ def render(res: dict) -> str:
 
 
 ONLY_RENDERERS = {"busy": render_busy, "memory": render_memory, "overlap": render_overlap, "codec": render_codec,
-                  "latency": render_first_audio, "stages": render_stages, "peers": render_peers}
+                  "latency": render_first_audio, "stages": render_stages, "stages-gpu": render_stages_gpu,
+                  "peers": render_peers}
 """`--only NAME` -> the renderer of its section"""
 
 

@@ -10,14 +10,15 @@ def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
-def render_stages(block: dict, standalone: bool = False) -> str:
+def render_stages(block: dict, standalone: bool = False, *, heading: str = "## Stage runtimes",
+                  name: str = "stages") -> str:
     """The "Stage runtimes" section (also spliced alone into an existing report by `--only stages`)."""
     out: list[str] = []
     w = out.append
-    w("## Stage runtimes\n")
+    w(f"{heading}\n")
     shapes = block.get("shapes") or {}
     first = next(iter(shapes.values()), {})
-    w(block_origin(block, "stages", standalone) + f": {first.get('threads', 2)} threads, {first.get('frames')} "
+    w(block_origin(block, name, standalone) + f": {first.get('threads', 2)} threads, {first.get('frames')} "
       "random frames per stream (random talker states into the code predictor; random codes into the codec, "
       f"decoded in the engine's chunks {' + '.join(map(str, first.get('chunks', [])))}), "
       f"{first.get('rounds')} rounds with the variants alternating, one process per shape "
@@ -40,12 +41,12 @@ def render_stages(block: dict, standalone: bool = False) -> str:
         w("|---|---|---|---|---|---|---|---|")
         for name, v in variants.items():
             if "error" in v:
-                w(f"| {v['stage']} | {v['runtime']} | {v['precision']} | cannot run: {v['error']} | | | | |")
+                w(f"| {v['stage']} | {_runtime(v)} | {v['precision']} | cannot run: {v['error']} | | | | |")
                 continue
             agreement = ("the reference" if v.get("reference") else
                          f"{100 * v['codes_equal']:.1f} % codes equal" if "codes_equal" in v
                          else "–" if v.get("snr_db") is None else f"SNR {v['snr_db']:.1f} dB")
-            w(f"| {v['stage']} | {v['runtime']} | {v['precision']} | {_ms(v.get('median_ms_1'))} | "
+            w(f"| {v['stage']} | {_runtime(v)} | {v['precision']} | {_ms(v.get('median_ms_1'))} | "
               f"{_ms(v.get('median_ms_8'))} | {v.get('loaded_mb', 0):.0f} | {agreement} | "
               f"{fmt_share(v.get('background', []))} |")
         w("")
@@ -58,8 +59,24 @@ def render_stages(block: dict, standalone: bool = False) -> str:
                 flops = v.get("gflop_per_frame") or {}
                 cells = [f"{_ms(v.get(f'median_chunk_ms_{c}'))} ({flops.get(c, flops.get(str(c), 0)):.2f})"
                          for c in CHUNKS]
-                w(f"| {v['runtime']} | " + " | ".join(cells) + " |")
+                w(f"| {_runtime(v)} | " + " | ".join(cells) + " |")
             w("")
-    w("On a CPU each stage keeps ONNX Runtime by default (`--cp-runtime auto`, `--codec-runtime auto`), which measures "
-      "fastest there; the ggml graphs are `auto`'s on a GPU that ONNX Runtime cannot reach (Vulkan; docs/gpu.md).\n")
+    if name == "stages":
+        w("On a CPU each stage keeps ONNX Runtime by default (`--cp-runtime auto`, `--codec-runtime auto`), which "
+          "measures fastest there; the ggml graphs are `auto`'s on a GPU that ONNX Runtime cannot reach (Vulkan; "
+          "docs/gpu.md).\n")
     return "\n".join(out) + "\n"
+
+
+def render_stages_gpu(block: dict, standalone: bool = False) -> str:
+    """The "Stage runtimes on a GPU device" section (`--only stages-gpu`): the ggml graphs on a ggml device beside
+    their fp32 ONNX references on the CPU."""
+    text = render_stages(block, standalone, heading="## Stage runtimes on a GPU device", name="stages-gpu")
+    return text + (f"The ggml graphs on `{block.get('device', '?')}` (`python -m bench --only stages-gpu` under the "
+                   "Vulkan build); lavapipe, Mesa's software Vulkan device, runs every shader on the CPU: its figures "
+                   "say how the work scales with chunks and streams, never how fast a GPU is (docs/gpu.md).\n\n")
+
+
+def _runtime(variant: dict) -> str:
+    device = variant.get("device")
+    return variant["runtime"] if device in (None, "CPU") else f"{variant['runtime']} on {device}"
