@@ -104,9 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the codec graph in other precisions (speed and SNR against fp32, about 2 min); latency, time "
                         "to first audio for the configurations a user can choose, side by side (about 2 min, and about "
                         "2 min for each model it has to convert); stages, the code predictor and the codec on each "
-                        "runtime; stages-gpu, the ggml graphs on --stages-device beside their ONNX references (run it "
-                        "with the Vulkan build: .venv-vulkan/bin/python -m bench ...); peers, the peer engines on PyPI "
-                        "beside ours (its first run installs each peer into a "
+                        "runtime; stages-gpu, the ggml graphs on --stages-device beside their ONNX references "
+                        "(with a GPU build's libraries: LLAMA_CPP_LIB_PATH=.venv-vulkan/lib/python3.11/site-packages/"
+                        "llama_cpp/lib, and GGML_VK_VISIBLE_DEVICES=0 for lavapipe; about 9 min at 0.6b there); "
+                        "peers, the peer engines on PyPI beside ours (its first run installs each peer into a "
                         "venv under bench/cache/ and converts the checkpoint for it); honours --threads, --quiet-wait, "
                         "--no-official, --doc, --no-doc")
     p.add_argument("--stages-device", default="Vulkan0", metavar="NAME",

@@ -72,9 +72,10 @@ def render_stages_gpu(block: dict, standalone: bool = False) -> str:
     """The "Stage runtimes on a GPU device" section (`--only stages-gpu`): the ggml graphs on a ggml device beside
     their fp32 ONNX references on the CPU."""
     text = render_stages(block, standalone, heading="## Stage runtimes on a GPU device", name="stages-gpu")
-    return text + (f"The ggml graphs on `{block.get('device', '?')}` (`python -m bench --only stages-gpu` under the "
-                   "Vulkan build); lavapipe, Mesa's software Vulkan device, runs every shader on the CPU: its figures "
-                   "say how the work scales with chunks and streams, never how fast a GPU is (docs/gpu.md).\n\n")
+    return text + (f"The ggml graphs on `{block.get('device', '?')}` (`python -m bench --only stages-gpu` with the "
+                   "Vulkan build's libraries, `LLAMA_CPP_LIB_PATH`); lavapipe, Mesa's software Vulkan device, runs "
+                   "every shader on the CPU: its figures say how the work scales with chunks and streams, never how "
+                   "fast a GPU is (docs/gpu.md).\n\n")
 
 
 def _runtime(variant: dict) -> str:
