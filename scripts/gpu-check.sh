@@ -7,16 +7,16 @@
 #   scripts/gpu-check.sh prepare   here: writes .gpu-check/ (about 17 MB; no model travels, every model is made
 #                                  there with numpy's random weights, and its references on that machine's CPU):
 #                                  - llama.cpp's source from the sdist of requirements.txt's llama-cpp-python,
-#                                    trimmed to what libllama and libmtmd need with the CPU, CUDA and Vulkan
-#                                    backends (ggml, src, include, common, vendor, tools/mtmd, the CMake files),
+#                                    trimmed to what libllama and its ggml need with the CPU, CUDA and Vulkan
+#                                    backends (ggml, src, include, common, vendor, the CMake files),
 #                                    checked here by configuring it once (CPU)
 #                                  - llama_cpp's Python files (the ctypes bindings of that same version)
 #                                  - wheels, for that machine's Python 3.12, of what the engine and the converter
 #                                    import beyond it (installed there only when missing)
-#   scripts/gpu-check.sh run       there: builds libllama and libmtmd with CUDA for the GPU it finds (and with
+#   scripts/gpu-check.sh run       there: builds libllama and libggml with CUDA for the GPU it finds (and with
 #                                  Vulkan when glslc, the Vulkan headers and loader and NVIDIA's Vulkan driver
 #                                  are there; else the report names what is missing), loads them through
-#                                  LLAMA_CPP_LIB_PATH and MTMD_CPP_LIB, then per backend scripts/gpu_check.py:
+#                                  LLAMA_CPP_LIB_PATH, then per backend scripts/gpu_check.py:
 #                                  parity (the narrow-codec model: talker logits, greedy codes and codec SNR of
 #                                  each runtime against the machine's CPU) and speed (a random 1.7B model: first
 #                                  audio, RTF at 1, 8, 32 and 64 streams, peak device memory against the seed's
@@ -41,8 +41,8 @@ WHEELS=(gguf:gguf PyYAML:yaml onnx:onnx protobuf:google.protobuf ml_dtypes:ml_dt
         typing_extensions:typing_extensions threadpoolctl:threadpoolctl diskcache:diskcache Jinja2:jinja2
         MarkupSafe:markupsafe)
 
-cmake_flags() {  # the llama.cpp configuration of a backend (cpu, cuda, vulkan): libllama and libmtmd only
-  local flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_MTMD=ON -DMTMD_VIDEO=OFF
+cmake_flags() {  # the llama.cpp configuration of a backend (cpu, cuda, vulkan): libllama (and its ggml) only
+  local flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_MTMD=OFF
                -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
                -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF)
   case "$1" in
@@ -66,7 +66,7 @@ prepare() {
   for b in "$l"/ggml/src/ggml-*/; do  # ggml without the backends not built there
     case "$(basename "$b")" in ggml-cpu|ggml-cuda|ggml-vulkan) ;; *) rm -rf "$b" ;; esac
   done
-  tar czf "$DIR/llama.cpp.tar.gz" -C "$l" CMakeLists.txt cmake ggml src include common vendor tools/mtmd LICENSE
+  tar czf "$DIR/llama.cpp.tar.gz" -C "$l" CMakeLists.txt cmake ggml src include common vendor LICENSE
   # the check: the trimmed tree configures (CPU; the CUDA and Vulkan backends configure there)
   mkdir -p "$src/check" && tar xzf "$DIR/llama.cpp.tar.gz" -C "$src/check"
   mapfile -t flags < <(cmake_flags cpu)
@@ -99,7 +99,7 @@ vulkan_missing() {  # what building and running ggml-vulkan here lacks (nothing:
   [ ${#miss[@]} -eq 0 ] || echo "${joined%; }"
 }
 
-build() {  # BACKEND ARCH: libllama and libmtmd into $WORK/BACKEND/lib; goes on where a call left it
+build() {  # BACKEND ARCH: libllama and libggml into $WORK/BACKEND/lib; goes on where a call left it
   local backend="$1" dir="$WORK/$1" t0=$SECONDS left
   [ -f "$dir/lib/.built" ] && { echo "  $backend: built in an earlier call"; return 0; }
   [ -d "$dir/src" ] || { mkdir -p "$dir/src" && tar xzf "$DIR/llama.cpp.tar.gz" -C "$dir/src"; }
@@ -108,7 +108,7 @@ build() {  # BACKEND ARCH: libllama and libmtmd into $WORK/BACKEND/lib; goes on 
     || { tail -30 "$dir/cmake.log"; echo "  $backend: cmake failed"; return 1; }
   left=$((deadline - SECONDS))
   [ "$left" -gt 10 ] || { echo "  $backend: not built in this call (out of time): run again, it goes on"; return 2; }
-  if ! timeout "$left" cmake --build "$dir/build" --target llama mtmd -j "$(nproc)" >"$dir/build.log" 2>&1; then
+  if ! timeout "$left" cmake --build "$dir/build" --target llama -j "$(nproc)" >"$dir/build.log" 2>&1; then
     if [ $((deadline - SECONDS)) -le 1 ]; then
       echo "  $backend: not built in this call ($((SECONDS - t0)) s so far): run again, it goes on"; return 2
     fi
@@ -134,7 +134,7 @@ check_backend() {  # LABEL LIBDIR: parity, then speed, with this llama.cpp
   local label="$1" lib="$2" rc=0 cpu_flag=() speed=()
   [ "${GPU_CHECK_CPU:-0}" = 1 ] && cpu_flag=(--cpu)
   speed=(--shape "${GPU_CHECK_SHAPE:-1.7b}" --streams "${GPU_CHECK_STREAMS:-1,8,32,64}" --frames "${GPU_CHECK_FRAMES:-48}")
-  local env=(LLAMA_CPP_LIB_PATH="$lib" MTMD_CPP_LIB="$lib" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
+  local env=(LLAMA_CPP_LIB_PATH="$lib" LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
              PYTHONPATH="$pythonpath" PYTHONUNBUFFERED=1)
   echo "== doctor ($label)"
   env "${env[@]}" "$py" -m qwen3_tts_gguf doctor --cp-runtime ggml --codec-runtime ggml \

@@ -1,5 +1,5 @@
 """The checks and timings of `scripts/gpu-check.sh`: on a lent GPU machine, with the llama.cpp it built
-there (`LLAMA_CPP_LIB_PATH`, `MTMD_CPP_LIB`), or in its dry run on the CPU (`--cpu`: every stage on the
+there (`LLAMA_CPP_LIB_PATH`), or in its dry run on the CPU (`--cpu`: every stage on the
 CPU, the same steps, small shapes). Models are made where this runs (numpy's random weights, the
 converter): none travels, the references are computed there on its CPU.
 
