@@ -61,7 +61,7 @@ from api.state import get_state
 from api.voice_jobs import ClientGone, voice_jobs_of
 from api.voice_resolution import StoredVoiceProfiles
 
-log = logging.getLogger("api.voice_resolution")
+log = logging.getLogger("api.voices")  # the voice routes' log name, as before the modules were renamed
 router = APIRouter(tags=["voices"])
 
 MAX_MODEL_CHARS = 256
