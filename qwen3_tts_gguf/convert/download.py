@@ -12,6 +12,7 @@ show only the count of files, so a line says the bytes on disk against the repos
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import re
@@ -43,7 +44,7 @@ def download_checkpoint(repo_id: str, source: str = "huggingface", cache_dir: Pa
 
     lines = None if sys.stderr.isatty() else ProgressLines(repo_id, cache_dir)
     try:
-        with lines or _nothing():
+        with lines or contextlib.nullcontext():
             folder = Path(snapshot_download(repo_id, allow_patterns=ALLOW, cache_dir=cache_dir))
     except LocalEntryNotFoundError as e:
         raise DownloadError(
@@ -85,14 +86,6 @@ def verify_snapshot(folder: Path, repo_id: str) -> None:
                 f"download of {repo_id} is corrupted: {link.relative_to(folder)} has "
                 f"{'git sha1' if git_blob else 'sha256'} {got}, the Hub says {expected}. The file was removed from "
                 "the download cache: run pull again to download it anew.")
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 class ProgressLines:
