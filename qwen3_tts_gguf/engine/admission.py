@@ -36,11 +36,11 @@ class Admission:
     `end_unstarted(stream, reason, error)` ends a stream that never started; `failed(stream, error)` ends one
     whose admission failed (its fault logged and counted): the engine's."""
 
-    def __init__(self, model: LoadedModel, frame_s: float, end_unstarted: Callable[..., None],
+    def __init__(self, model: LoadedModel, end_unstarted: Callable[..., None],
                  failed: Callable[[Stream, Exception], None]):
         self.model = model
         self.settings = model.settings
-        self.frame_s = frame_s
+        self.frame_s = model.codec.samples_per_frame / model.codec.sample_rate
         self.waiting: deque[Stream] = deque()
         self.waiting_text: list[Stream] = []  # live streams without a final token (apart from the queue)
         self.active: dict[int, ActiveStream] = {}
@@ -129,6 +129,32 @@ class Admission:
                 raise EngineBusy(f"{len(self.waiting)} requests are already waiting")
             self.waiting.append(stream)
             self.room_changed = True
+
+    def sweep(self) -> tuple[list[Stream], list[Stream]]:
+        """Cancelled streams taken out of both queues, and live streams whose first token came moved into the
+        queue: (cancelled, moved), each in queue order."""
+        cancelled = [s for s in self.waiting if s.cancelled]
+        for stream in cancelled:
+            self.waiting.remove(stream)
+            self.room_changed = True  # it may have been the one the others waited behind
+        moved = []
+        for stream in list(self.waiting_text):
+            if stream.cancelled:
+                self.waiting_text.remove(stream)
+                cancelled.append(stream)
+            elif stream.text.ready():
+                self.waiting_text.remove(stream)
+                self.waiting.append(stream)
+                self.room_changed = True
+                moved.append(stream)
+        return cancelled, moved
+
+    def take_waiting(self) -> list[Stream]:
+        """Every waiting stream (the queue's, then the live ones'), both queues emptied."""
+        streams = [*self.waiting, *self.waiting_text]
+        self.waiting.clear()
+        self.waiting_text.clear()
+        return streams
 
     def admit(self) -> list[ActiveStream]:
         """Waiting streams placed in free slots, in order, as far as their KV reservations fit (a stream too large

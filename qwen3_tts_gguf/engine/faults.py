@@ -80,8 +80,6 @@ class StreamEnds:
         """End every running and waiting stream (the worker is stopping or died)."""
         for act in list(self.admission.active.values()):
             self.finish(act, reason, error=error, flush=False, retryable=retryable)
-        for stream in [*self.admission.waiting, *self.admission.waiting_text]:
+        for stream in self.admission.take_waiting():
             self.end_unstarted(stream, reason, error, retryable=retryable)
-        self.admission.waiting.clear()
-        self.admission.waiting_text.clear()
         self.prefixes.streams_gone()

@@ -74,8 +74,7 @@ class Engine(Iteration):
     def __init__(self, model: LoadedModel):
         self.model = model
         self.settings = model.settings
-        self._frame_s = model.codec.samples_per_frame / model.codec.sample_rate
-        self.admission = Admission(model, self._frame_s, lambda *a: self.ends.end_unstarted(*a),
+        self.admission = Admission(model, lambda *a: self.ends.end_unstarted(*a),
                                    lambda stream, error: self.ends.admission_failed(stream, error))
         self._wake = threading.Condition()
         self._stopping = False
@@ -285,20 +284,12 @@ class Engine(Iteration):
 
     def _sweep_waiting(self) -> None:
         """End cancelled waiting streams; move live streams whose first token came into the queue."""
-        for stream in [s for s in self.admission.waiting if s.cancelled]:
-            self.admission.waiting.remove(stream)
+        cancelled, moved = self.admission.sweep()
+        for stream in cancelled:
+            self.prefixes.stream_left(stream)
             self.ends.end_unstarted(stream, "cancelled")
-            self.admission.room_changed = True  # it may have been the one the others waited behind
-        for stream in list(self.admission.waiting_text):
-            if stream.cancelled:
-                self.admission.waiting_text.remove(stream)
-                self.prefixes.stream_left(stream)
-                self.ends.end_unstarted(stream, "cancelled")
-            elif stream.text.ready():
-                self.admission.waiting_text.remove(stream)
-                self.prefixes.stream_left(stream)
-                self.admission.waiting.append(stream)
-                self.admission.room_changed = True
+        for stream in moved:
+            self.prefixes.stream_left(stream)
 
     def _died(self, reason: str) -> None:
         with self._wake:
@@ -343,7 +334,7 @@ class Engine(Iteration):
                 with self._wake:
                     for act in list(self.admission.active.values()):
                         self.ends.finish(act, "error", error="the engine failed while serving this stream; retry",
-                                     flush=False, retryable=True)
+                                         flush=False, retryable=True)
                     self._reset_state()
         self.ends.end_all("cancelled")
 
