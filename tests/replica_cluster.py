@@ -24,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,6 +330,25 @@ class Outcome:
     request_id: str | None = None
     audio: int = 0
     error: str | None = None
+
+    def judge(self, audio: bytes, reference: bytes | None) -> None:
+        """Whole when `audio` is `reference`, byte for byte (no reference: not whole)."""
+        self.audio = len(audio)
+        self.ok = reference is not None and audio == reference
+        if not self.ok:
+            self.error = f"audio differs from the reference ({len(audio)} bytes)"
+
+
+@contextmanager
+def attempt(kind: str) -> Iterator[Outcome]:
+    """One request as an Outcome: any exception its client raises is its error (every failure is an outcome),
+    and its end is stamped whatever happened."""
+    outcome = Outcome(kind, time.monotonic())
+    try:
+        yield outcome
+    except Exception as e:  # noqa: BLE001
+        outcome.error = repr(e)
+    outcome.ended = time.monotonic()
 
 
 @dataclass

@@ -45,6 +45,7 @@ from tests.replica_cluster import (
     Load,
     Outcome,
     Replica,
+    attempt,
     free_ports,
     haproxy_config,
     httpx,
@@ -106,8 +107,7 @@ class Cluster:
                read: callable = None) -> Outcome:
         """One streamed POST /v1/audio/speech through the balancer (pinned to `replica` by `?replica=`);
         `read(chunk)` is called after each piece (a slow reader sleeps there)."""
-        outcome = Outcome("openai", time.monotonic())
-        try:
+        with attempt("openai") as outcome:
             with self.openai_client(address).audio.speech.with_streaming_response.create(
                     model="tts-1", voice="alloy", input=TEXT, response_format="pcm",
                     extra_body={"max_frames": frames, "seed": SEED},
@@ -119,14 +119,8 @@ class Cluster:
                     audio += piece
                     if read is not None:
                         read(audio)
-            outcome.audio = len(audio)
             reference = self.refs["openai"] if frames == FRAMES else self.refs.get(f"openai-{frames}")
-            outcome.ok = reference is not None and bytes(audio) == reference
-            if not outcome.ok:
-                outcome.error = f"audio differs from the reference ({len(audio)} bytes)"
-        except Exception as e:  # noqa: BLE001 - every failure is an outcome
-            outcome.error = repr(e)
-        outcome.ended = time.monotonic()
+            outcome.judge(bytes(audio), reference)
         return outcome
 
     def open_ws(self, address: str, query: str = "") -> ClientConnection:
@@ -136,25 +130,17 @@ class Cluster:
 
     def live(self, address: str) -> Outcome:
         """One /v1/ws utterance through the balancer: start, the text in two parts, stop, audio to `done`."""
-        outcome = Outcome("ws", time.monotonic())
-        try:
+        with attempt("ws") as outcome:
             with self.open_ws(address) as ws:
                 outcome.replica = ws.response.headers.get("x-served-by")
                 audio, done = live_audio(ws)
                 outcome.request_id = done["id"]
-                outcome.audio = len(audio)
-                outcome.ok = audio == self.refs["ws"]
-                if not outcome.ok:
-                    outcome.error = f"audio differs from the reference ({len(audio)} bytes)"
-        except Exception as e:  # noqa: BLE001
-            outcome.error = repr(e)
-        outcome.ended = time.monotonic()
+                outcome.judge(audio, self.refs["ws"])
         return outcome
 
     def wyoming(self) -> Outcome:
         """One Wyoming synthesis through the balancer's TCP frontend."""
-        outcome = Outcome("wyoming", time.monotonic())
-        try:
+        with attempt("wyoming") as outcome:
             audio = wyoming_audio(self.wyoming_port)
             outcome.audio = len(audio)
             # Wyoming sends no seed: its audio differs per request; whole 80 ms frames, up to audio-stop, and
@@ -162,9 +148,6 @@ class Cluster:
             outcome.ok = len(audio) > 0 and len(audio) % PCM_FRAME == 0
             if not outcome.ok:
                 outcome.error = f"not whole frames ({len(audio)} bytes)"
-        except Exception as e:  # noqa: BLE001
-            outcome.error = repr(e)
-        outcome.ended = time.monotonic()
         return outcome
 
     def load(self, openai_workers: int = 3, ws_workers: int = 2, wyoming_workers: int = 1,
