@@ -447,10 +447,17 @@ def _codec(progress, threads: int, quiet_s: float) -> dict:
     return {**origin, **res}
 
 
-def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -> dict:
+GPU_STAGE_FRAMES, GPU_STAGE_ROUNDS = 8, 1
+"""The stage-runtimes block on a ggml GPU device: fewer frames and one round (on lavapipe, a software device, a
+frame of the published codec takes seconds)."""
+
+
+def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float, device: str | None = None) -> dict:
     """The stage-runtimes block (bench/stage_runtimes.py) per shape, each in a worker: the code predictor on ONNX
     Runtime (fp32, int8) and the project's ggml graphs (f32, f16), the codec on ONNX Runtime and the ggml graphs
-    (f32)."""
+    (f32). With `device` (`--only stages-gpu`), the ggml graphs on that ggml device (the f16 code predictor of the
+    default preset and the f32 codec) beside their fp32 ONNX references on the CPU, at GPU_STAGE_FRAMES frames,
+    GPU_STAGE_ROUNDS round."""
     from qwen3_tts_gguf.convert.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.llama_stages import write_llama_stages
     from qwen3_tts_gguf.convert.presets import PRESETS
@@ -459,56 +466,36 @@ def _stage_runtimes(progress, threads: int, shapes: list[str], quiet_s: float) -
     from bench import machine
 
     out = {**machine.block_origin(), "shapes": {}}
+    params = {"threads": threads, "rounds": STAGE_ROUNDS, "quiet_s": quiet_s}
+    on, tag = {}, ""
+    if device is not None:
+        out["device"], on, tag = device, {"device": device}, f" {device}"
+        params.update(frames=GPU_STAGE_FRAMES, rounds=GPU_STAGE_ROUNDS)
     for shape in shapes:
         ckpt, fp32 = _converted_model(threads, progress.bar.write, shape, "q8_0", "fp32")
         _, int8 = _converted_model(threads, progress.bar.write, shape, "q8_0", "int8")
-        exact = fp32.parent / f"{fp32.name}-stages-exact.gguf"  # the default preset's folders hold f16/f32
-        if not exact.exists():
-            progress.bar.write(f"writing the exact llama stages of {shape}")
-            write_llama_stages(Checkpoint.open(ckpt), exact.with_suffix(".tmp"), PRESETS["exact"].llama_stages)
-            exact.with_suffix(".tmp").rename(exact)
-        default = int8 / LLAMA_STAGES_FILE
+        cpu_only = []
+        if device is None:
+            exact = fp32.parent / f"{fp32.name}-stages-exact.gguf"  # the default preset's folders hold f16/f32
+            if not exact.exists():
+                progress.bar.write(f"writing the exact llama stages of {shape}")
+                write_llama_stages(Checkpoint.open(ckpt), exact.with_suffix(".tmp"), PRESETS["exact"].llama_stages)
+                exact.with_suffix(".tmp").rename(exact)
+            cpu_only = [
+                dict(name="cp onnx int8", stage="predictor", runtime="onnxruntime", folder=str(int8),
+                     precision="int8"),
+                dict(name="cp ggml f32", stage="predictor", runtime="ggml", folder=str(fp32), stages_file=str(exact),
+                     precision="f32"),
+            ]
         variants = [
             dict(name="cp onnx fp32", stage="predictor", runtime="onnxruntime", folder=str(fp32), precision="fp32"),
-            dict(name="cp onnx int8", stage="predictor", runtime="onnxruntime", folder=str(int8), precision="int8"),
-            dict(name="cp ggml f32", stage="predictor", runtime="ggml", folder=str(fp32), stages_file=str(exact),
-                 precision="f32"),
-            dict(name="cp ggml f16", stage="predictor", runtime="ggml", folder=str(int8), stages_file=str(default),
-                 precision="f16"),
+            *cpu_only,
+            dict(name=f"cp ggml f16{tag}", stage="predictor", runtime="ggml", folder=str(int8),
+                 stages_file=str(int8 / LLAMA_STAGES_FILE), precision="f16", **on),
             dict(name="codec onnx fp32", stage="codec", runtime="onnxruntime", folder=str(int8), precision="fp32"),
-            dict(name="codec ggml f32", stage="codec", runtime="ggml", folder=str(int8), precision="f32"),
+            dict(name=f"codec ggml f32{tag}", stage="codec", runtime="ggml", folder=str(int8), precision="f32", **on),
         ]
-        out["shapes"][shape] = one_shot(progress, "stages", {"variants": variants, "threads": threads,
-                                                             "rounds": STAGE_ROUNDS, "quiet_s": quiet_s}, 3600)
-    return out
-
-
-GPU_STAGE_FRAMES, GPU_STAGE_ROUNDS = 8, 1
-"""The stage-runtimes block on a ggml GPU device: fewer frames and one round (on lavapipe, a software device, a
-frame of the published codec takes seconds)."""
-
-
-def _stage_runtimes_gpu(progress, threads: int, shapes: list[str], quiet_s: float, device: str) -> dict:
-    """The stage-runtimes block with the ggml graphs on `device` (`--stages-device`; under the Vulkan build,
-    `.venv-vulkan`), beside their fp32 ONNX references on the CPU: the default preset's f16 code predictor and the
-    f32 codec, at GPU_STAGE_FRAMES frames, one round."""
-    from bench import machine
-
-    out = {**machine.block_origin(), "device": device, "shapes": {}}
-    for shape in shapes:
-        _, fp32 = _converted_model(threads, progress.bar.write, shape, "q8_0", "fp32")
-        _, int8 = _converted_model(threads, progress.bar.write, shape, "q8_0", "int8")
-        variants = [
-            dict(name="cp onnx fp32", stage="predictor", runtime="onnxruntime", folder=str(fp32), precision="fp32"),
-            dict(name=f"cp ggml f16 {device}", stage="predictor", runtime="ggml", folder=str(int8),
-                 stages_file=str(int8 / "llama_stages.gguf"), precision="f16", device=device),
-            dict(name="codec onnx fp32", stage="codec", runtime="onnxruntime", folder=str(int8), precision="fp32"),
-            dict(name=f"codec ggml f32 {device}", stage="codec", runtime="ggml", folder=str(int8), precision="f32",
-                 device=device),
-        ]
-        out["shapes"][shape] = one_shot(progress, "stages", {"variants": variants, "threads": threads,
-                                                             "frames": GPU_STAGE_FRAMES, "rounds": GPU_STAGE_ROUNDS,
-                                                             "quiet_s": quiet_s}, 3600)
+        out["shapes"][shape] = one_shot(progress, "stages", {"variants": variants, **params}, 3600)
     return out
 
 
@@ -556,8 +543,8 @@ def run_only(args) -> dict:
         elif args.only == "stages":
             block = _stage_runtimes(progress, plan["threads"][0], plan["shapes"], plan["quiet_s"])
         elif args.only == "stages-gpu":
-            block = _stage_runtimes_gpu(progress, plan["threads"][0], plan["shapes"], plan["quiet_s"],
-                                        args.stages_device)
+            block = _stage_runtimes(progress, plan["threads"][0], plan["shapes"], plan["quiet_s"],
+                                    device=args.stages_device)
         elif args.only == "peers":
             block = _peers(progress, step, plan["threads"][0], plan["shapes"], plan["quiet_s"])
         else:
