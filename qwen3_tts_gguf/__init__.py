@@ -35,35 +35,9 @@ _FACE = {
 }
 """The engine's public names, by the module that defines each."""
 _WHERE = {name: module for module, names in _FACE.items() for name in names}
-__all__ = [
-    "AudioChunk",
-    "ContextLengthExceeded",
-    "Engine",
-    "EngineBusy",
-    "EngineHealth",
-    "EngineSettings",
-    "EngineStopped",
-    "LoadedModel",
-    "Manifest",
-    "ModelFolderError",
-    "PromptError",
-    "ReferenceAudioError",
-    "ReferencePrompt",
-    "SamplingParams",
-    "Stream",
-    "SynthesisRequest",
-    "SynthesisResult",
-    "TalkerSampling",
-    "TextProgress",
-    "VoiceCloner",
-    "VoiceNotFoundError",
-    "VoiceProfile",
-    "VoiceProfileError",
-    "VoiceSpec",
-    "VoiceStore",
-]
+__all__ = sorted(_WHERE)
 
-if TYPE_CHECKING:  # what type checkers and editors read; at run time `__getattr__` imports on first use
+if TYPE_CHECKING:  # what type checkers and editors read (the names of _FACE); at run time `__getattr__` imports
     from qwen3_tts_gguf.engine.health import EngineBusy, EngineHealth, EngineStopped
     from qwen3_tts_gguf.engine.request import (
         AudioChunk,
