@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.predictor_graph import rope_tables
-from qwen3_tts_gguf.ggml.graph import Backend, GgmlStage, GraphCache, Ops, Weights
+from qwen3_tts_gguf.ggml.graph import VECTOR_KERNEL_ROWS, Backend, GgmlStage, GraphCache, Ops, Weights
 from qwen3_tts_gguf.ggml.lib import TYPE_F16, TYPE_F32, TYPE_I32
 from qwen3_tts_gguf.host.locks import DeviceLock, hold_devices
 from qwen3_tts_gguf.model.predictor import NUM_STEPS, PredictorOutput, uniform_draws
@@ -34,10 +34,10 @@ from qwen3_tts_gguf.model.sampler import SamplingParams
 
 ROPE_THETA = 1e6  # the code predictor's (convert/llama_stages.CODE_PREDICTOR_ROPE_THETA: a file holds no other)
 MAX_GRAPHS = 16
-GPU_MAX_ROWS = 8
-"""Rows of one call on a GPU backend at most: up to 8 rows ggml-vulkan multiplies with its matrix-vector
-kernels, in f32; from 9 its matrix kernels round their inputs to f16 on devices with fp16, which the published
-0.6B's activation spike (~1.3e5) overflows. Larger batches take several calls."""
+GPU_MAX_ROWS = VECTOR_KERNEL_ROWS
+"""Rows of one call on a GPU backend at most: ggml-vulkan's matrix-vector kernels compute in f32, its matrix
+kernels round their inputs to f16, which the published 0.6B's activation spike (~1.3e5) overflows. Larger
+batches take several calls."""
 _SORT_DESC = 1
 
 

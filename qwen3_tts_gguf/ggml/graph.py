@@ -27,6 +27,10 @@ class GgmlError(RuntimeError):
 
 ROW_MULTIPLE = 4
 """Rows of every matrix product are padded to a multiple of this (`Ops.product`)."""
+VECTOR_KERNEL_ROWS = 8
+"""ggml-vulkan multiplies up to this many rows with its matrix-vector kernels, in f32; more rows go to its
+matrix kernels, which round their inputs to f16 on a device that reports fp16 (most GPUs, lavapipe), whatever
+the tensors' types."""
 
 
 def dims(t: T) -> tuple[int, ...]:
@@ -116,11 +120,13 @@ class Weights:
 
 class Ops:
     """Builds one graph: `ops.mul_mat(a, b)` is ggml_mul_mat(ctx, a, b), and so for every op of
-    `lib._OPS`; `input` and `output` name the graph's ends."""
+    `lib._OPS`; `input` and `output` name the graph's ends. `min_rows`: every product takes at least this many
+    rows (`product`)."""
 
-    def __init__(self, max_nodes: int = 16384):
+    def __init__(self, max_nodes: int = 16384, *, min_rows: int = 0):
         g = ggml()
         self.max_nodes = max_nodes
+        self.min_rows = min_rows
         size = g.ggml_tensor_overhead() * max_nodes + g.ggml_graph_overhead_custom(max_nodes, False)
         self.ctx = g.ggml_init(InitParams(size, None, True))
         self.inputs: dict[str, tuple[T, tuple[int, ...], np.dtype]] = {}
@@ -149,9 +155,12 @@ class Ops:
         """rows [R, in] times a weight [out, in]: [out, R] (`rows_first`: the rows are ggml's first operand)
         or [R, out]. ggml's CPU backend picks its kernel by the rows' count (its tiled kernel takes multiples
         of 4 only), so rows are padded to ROW_MULTIPLE with zeros: a row's value comes from the same kernel
-        whatever the call holds (chunked audio bit for bit, a stream's codes alone = beside others)."""
+        whatever the call holds (chunked audio bit for bit, a stream's codes alone = beside others); and to
+        `min_rows` at least (a GPU backend's kernel is then the same whatever the call holds:
+        VECTOR_KERNEL_ROWS)."""
         count = rows.contents.ne[1]
-        pad = -count % ROW_MULTIPLE
+        target = max(count, self.min_rows)
+        pad = target + (-target % ROW_MULTIPLE) - count
         x = self.pad(rows, 0, pad, 0, 0) if pad else rows
         y = self.mul_mat(x, weight) if rows_first else self.mul_mat(weight, x)
         if not pad:

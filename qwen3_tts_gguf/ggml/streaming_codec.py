@@ -12,8 +12,9 @@ are built once per (B, N) and kept (`max_graphs`); every graph of one decoder sh
 buffer (`graph.GraphCache`), sized at load for the largest call (`max_call_frames` frames).
 
 Where the graph differs in form from the ONNX one (results equal up to rounding):
-- the conv kernels are applied as im2col + one matrix product, in fp32 (ggml_conv_1d would round its
-  input to f16); the ConvNeXt depthwise convs as ggml_ssm_conv (a causal depthwise conv);
+- activations are [B, L, C] (channel last); a conv's taps are its input rows copied side by side (im2col
+  by ggml_set) times the kernel, one fp32 product (ggml_conv_1d would round its input to f16); the
+  ConvNeXt depthwise convs are ggml_ssm_conv (a causal depthwise conv);
 - the Snake's sin^2 is ggml_sin squared (the ONNX graph's polynomial fits it within 1.1e-7);
 - RoPE's cos/sin tables and the window's mask are computed on the host per call from `pos`, as the ONNX
   graph computes them (fp32, torch's inv_freq); rotate-half is two halves swapped, one negated (exact).
@@ -21,6 +22,7 @@ Where the graph differs in form from the ONNX one (results equal up to rounding)
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 from collections.abc import Sequence
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
-from qwen3_tts_gguf.ggml.graph import Backend, GgmlStage, Graph, GraphCache, Ops, Weights, dims
+from qwen3_tts_gguf.ggml.graph import VECTOR_KERNEL_ROWS, Backend, GgmlStage, Graph, GraphCache, Ops, Weights, dims
 from qwen3_tts_gguf.ggml.lib import TYPE_F32
 from qwen3_tts_gguf.host.locks import DeviceLock, hold_devices
 from qwen3_tts_gguf.model.codec import CodecState, checked_codes, decode_in_calls, split_states, stack_states
@@ -78,7 +80,7 @@ class GgmlCodec(GgmlStage):
         self.backend = backend
         self._device_locks = tuple(device_locks)
         self.weights = Weights(backend, _device_weights(raw, self.cfg))
-        self._graphs = GraphCache(backend, lambda key: _CodecGraph(self.cfg, self.weights, self.state_specs, *key).ops,
+        self._graphs = GraphCache(backend, lambda key: self._graph(*key).ops,
                                   max_graphs)
         self._graphs.reserve([(1, max_call_frames), (max_call_frames, 1)])
         hd = self.cfg.head_dim
@@ -103,7 +105,7 @@ class GgmlCodec(GgmlStage):
     def flops_per_frame(self, frames: int, batch: int = 1) -> float:
         """The work of one call of `batch` streams x `frames` frames, per frame (bench: against the ONNX codec's
         count)."""
-        graph = Graph(_CodecGraph(self.cfg, self.weights, self.state_specs, batch, frames).ops)
+        graph = Graph(self._graph(batch, frames).ops)
         try:
             return graph.flops() / (batch * frames)
         finally:
@@ -114,6 +116,12 @@ class GgmlCodec(GgmlStage):
         return wav
 
     # -- one call ----------------------------------------------------------------------------
+    def _graph(self, batch: int, frames: int) -> _CodecGraph:
+        # on a GPU every product takes more rows than the f32 matrix-vector kernels do, so that a row meets the
+        # same kernel (and the same rounding) whatever the call holds
+        return _CodecGraph(self.cfg, self.weights, self.state_specs, batch, frames,
+                           min_rows=0 if self.backend.is_cpu else VECTOR_KERNEL_ROWS + 1)
+
     def _run(self, codes: np.ndarray, state: CodecState) -> tuple[np.ndarray, CodecState]:
         batch, frames, _ = codes.shape
         cfg = self.cfg
@@ -146,22 +154,31 @@ class GgmlCodec(GgmlStage):
 
 def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict[str, np.ndarray]:
     """The ONNX file's initializers in the forms the ggml graph multiplies by (numpy shapes; ggml's ne
-    reversed): matrices as [out, in], transposed convs' taps as [C_out*s, m*C_in], Snakes' alpha and
-    1/beta as [C, 1]."""
+    reversed): matrices as [out, in]; convolutions as [C_out, k*C_in], tap-major (column j*C_in + c takes
+    x[t + j*d, c]); transposed convs' taps as [s*C_out, m*C_in], sample-major (row r*C_out + c is sample
+    t*s + r of channel c); Snakes' alpha and 1/beta as [C]."""
+    strides = {f"upsample.{j}.0.conv": s for j, s in enumerate(cfg.upsampling_ratios)}
+    strides |= {f"decoder.{n + 1}.block.1.conv": s for n, s in enumerate(cfg.upsample_rates)}
     out = {}
     for name, array in raw.items():
         key = name.removeprefix("decoder.")
-        if key.endswith((".alpha_over_pi",)):
-            out[key.replace(".alpha_over_pi", ".alpha")] = (array.astype(np.float64) * math.pi).astype(
-                np.float32).reshape(-1, 1)
-        elif key.endswith(".beta_inv"):
-            out[key] = array.reshape(-1, 1)
-        elif key.endswith((".taps", "output_proj.weight_t")):
-            out[key] = np.ascontiguousarray(array.T)
-        elif array.ndim == 2 and not key.startswith("quantizer."):  # a linear layer's [in, out] (GraphBuilder.linear)
-            out[key] = np.ascontiguousarray(array.T)
+        prefix, _, leaf = key.rpartition(".")
+        if leaf == "alpha_over_pi":
+            out[prefix + ".alpha"] = (array.astype(np.float64) * math.pi).astype(np.float32).reshape(-1)
+        elif leaf == "beta_inv":
+            out[key] = array.reshape(-1)
+        elif leaf == "taps":  # [m*C_in, C_out*s], column c*s + r
+            s = strides[prefix]
+            out[key] = np.ascontiguousarray(array.T.reshape(-1, s, array.shape[0]).transpose(1, 0, 2)
+                                            .reshape(array.shape[1], array.shape[0]))
+        elif leaf == "bias_taps":  # [C_out*s], entry c*s + r
+            out[key] = np.ascontiguousarray(array.reshape(-1, strides[prefix]).T.reshape(-1))
         elif key.endswith("dwconv.conv.weight"):  # [C, 1, k] -> ggml_ssm_conv's [C, k]
             out[key] = array.reshape(array.shape[0], array.shape[2])
+        elif array.ndim == 3:  # a causal conv's [C_out, C_in, k]
+            out[key] = np.ascontiguousarray(array.transpose(0, 2, 1).reshape(array.shape[0], -1))
+        elif array.ndim == 2 and not key.startswith("quantizer.") or key.endswith("output_proj.weight_t"):
+            out[key] = np.ascontiguousarray(array.T)  # a linear layer's [in, out] (GraphBuilder.linear)
         else:
             out[key] = array
     return out
@@ -169,11 +186,12 @@ def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict
 
 class _CodecGraph:
     """One (B, N) codec graph, written as `convert/codec_graph.py` writes the ONNX one. Activations are
-    [B, C, L] (time last) through the convolutions and [B, N, D] through the transformer."""
+    [B, L, C] (channel last) from end to end: every product is a weight times rows, with no transpose
+    between stages. States keep the ONNX codec's layout ([B, C, L]) and are turned at the graph's ends."""
 
-    def __init__(self, cfg: CodecDecoderConfig, weights: Weights, specs, batch: int, frames: int):
+    def __init__(self, cfg: CodecDecoderConfig, weights: Weights, specs, batch: int, frames: int, *, min_rows: int = 0):
         self.cfg, self.w, self.B, self.N = cfg, weights, batch, frames
-        self.ops = o = Ops()
+        self.ops = o = Ops(min_rows=min_rows)
         self.states = {name: o.input(f"in_{name}", (batch, *shape)) for name, shape, _ in specs if name != "pos"}
         first = o.input("first", (batch * frames,), np.int32)
         rest = o.input("rest", (batch * frames * (cfg.num_quantizers - 1),), np.int32)
@@ -183,9 +201,8 @@ class _CodecGraph:
         self.mask = o.input("mask", (batch * cfg.num_heads, frames, 1, window))
         self.window_rows = o.input("window_rows", (batch * cfg.num_heads, frames * window), np.int32)
 
-        z = self.dequantize(first, rest)  # [B, codebook_dim, N]
-        h = self.causal_conv(z, "pre_conv.conv", "pre_conv")
-        h = self.transformer(self.to_channel_last(h))  # [B, latent, N]
+        h = self.causal_conv(self.dequantize(first, rest), "pre_conv.conv", "pre_conv")
+        h = self.transformer(h)
         for j, factor in enumerate(cfg.upsampling_ratios):
             h = self.trans_conv(h, f"upsample.{j}.0.conv", factor, f"up{j}_tc")
             h = self.convnext(h, f"upsample.{j}.1", f"up{j}_dw")
@@ -194,100 +211,98 @@ class _CodecGraph:
             h = self.decoder_block(h, n, rate)
         last = len(cfg.upsample_rates) + 1
         h = self.causal_conv(self.snake(h, f"decoder.{last}"), f"decoder.{last + 1}.conv", "final")
-        wav = o.clamp(h, -1.0, 1.0)  # [B, 1, N*spf]
+        wav = o.clamp(h, -1.0, 1.0)  # [B, N*spf, 1]
         o.output("wav", wav, (batch, frames * cfg.samples_per_frame))
 
     # -- layout ----------------------------------------------------------------------------
-    def to_time_last(self, x):
-        """[B, L, C] -> [B, C, L] (contiguous)."""
+    def swap(self, x):
+        """[B, X, Y] -> [B, Y, X] (contiguous)."""
         return self.ops.cont(self.ops.permute(x, 1, 0, 2, 3))
 
-    to_channel_last = to_time_last  # the same swap of the two inner axes
-
-    def state_update(self, name: str, full, keep: int, axis_len: int) -> None:
-        """`out_<name>`: the last `keep` entries of `full` [B, C, L] along L."""
-        o = self.ops
-        ne = full.contents.ne
+    def tail(self, full, keep: int):
+        """The last `keep` rows of `full` [B, T, C] (a view)."""
+        _, b, length, c = dims(full)
         nb = full.contents.nb
-        view = o.view_3d(full, keep, ne[1], ne[2], nb[1], nb[2], (axis_len - keep) * nb[0])
-        o.output(f"out_{name}", o.cont(view), (self.B, ne[1], keep))
+        return self.ops.view_3d(full, c, keep, b, nb[1], nb[2], (length - keep) * nb[1])
+
+    def with_history(self, x, state: str):
+        """x [B, L, C] after its state's rows (held as [B, C, hist]): [B, hist+L, C]; `out_<state>` is the
+        new state, the last hist rows."""
+        o = self.ops
+        full = o.concat(self.swap(self.states[state]), x, 1)
+        hist = dims(self.states[state])[3]
+        o.output(f"out_{state}", self.swap(self.tail(full, hist)), (self.B, dims(x)[3], hist))
+        return full
+
+    def side_by_side(self, x, shifts: Sequence[int], length: int):
+        """x [B, T, C] -> [B, length, len(shifts)*C]: row t holds x[t+s] for each shift s in turn (im2col as
+        row copies into one buffer, each depending on the one before)."""
+        o = self.ops
+        _, b, _, c = dims(x)
+        if list(shifts) == [0] and dims(x)[2] == length:
+            return x
+        nb = x.contents.nb
+        out = o.new_tensor(TYPE_F32, 3, (ctypes.c_int64 * 3)(len(shifts) * c, length, b))
+        onb = out.contents.nb
+        for i, shift in enumerate(shifts):
+            rows = o.view_3d(x, c, length, b, nb[1], nb[2], shift * nb[1])
+            out = o.set_inplace(out, rows, onb[1], onb[2], onb[3], i * c * onb[0])
+        return out
 
     # -- pieces ----------------------------------------------------------------------------
-    def product(self, rows, weight):
-        """rows [R, in] times a weight [out, in] (a name or a tensor): [out, R], time first (`Ops.product`)."""
-        return self.ops.product(self.w[weight] if isinstance(weight, str) else weight, rows, rows_first=True)
-
-    def rows_to_time_last(self, y, length: int, channels: int):
-        """[C, B*L] (a product's output) -> [B, C, L]."""
+    def product(self, x, weight):
+        """x [B, L, in] times a weight [out, in] (a name or a tensor): [B, L, out] (`Ops.product`)."""
         o = self.ops
-        if self.B == 1:
-            return o.reshape_3d(y, length, channels, 1)
-        return o.cont(o.permute(o.reshape_3d(y, length, self.B, channels), 0, 2, 1, 3))
+        weight = self.w[weight] if isinstance(weight, str) else weight
+        _, b, length, c = dims(x)
+        y = o.product(weight, o.reshape_2d(x, c, b * length), rows_first=False)
+        return o.reshape_3d(y, dims(weight)[2], length, b)
 
     def linear(self, x, prefix: str, bias: bool = True):
         """[B, N, in] -> [B, N, out]."""
-        o = self.ops
-        rows = self.B * self.N
-        y = self.product(o.reshape_2d(x, dims(x)[3], rows), prefix + ".weight")  # [out, R]
-        out = dims(y)[2]
-        y = o.reshape_3d(o.cont(o.transpose(y)), out, self.N, self.B)
-        return o.add(y, self.w[prefix + ".bias"]) if bias else y
+        y = self.product(x, prefix + ".weight")
+        return self.ops.add(y, self.w[prefix + ".bias"]) if bias else y
 
     def causal_conv(self, x, prefix: str, state: str | None, dilation: int = 1):
-        """Causal Conv1d on [B, C, L] (time last): the state's last (k-1)*d columns prepended, then im2col
-        and one fp32 product."""
-        o, weight = self.ops, self.w[prefix + ".weight"]  # numpy [C_out, C_in, k]
-        c_out, c_in, k = dims(weight)[1:]
-        hist = (k - 1) * dilation
-        length = dims(x)[3]
-        if hist:
-            x = o.concat(self.states[state], x, 0)
-            self.state_update(state, x, hist, length + hist)
-        cols = o.im2col(weight, x, 1, 0, 0, 0, dilation, 0, False, TYPE_F32)  # [B, L, C_in*k]
-        y = self.product(o.reshape_2d(cols, c_in * k, length * self.B), o.reshape_2d(weight, k * c_in, c_out))
-        return o.add(self.rows_to_time_last(y, length, c_out), o.reshape_2d(self.w[prefix + ".bias"], 1, c_out))
+        """Causal Conv1d on [B, L, C_in]: the state's last (k-1)*d rows before x, the k taps' rows side by
+        side, one fp32 product (ggml_conv_1d would round its input to f16) -> [B, L, C_out]."""
+        o, weight = self.ops, self.w[prefix + ".weight"]  # [C_out, k*C_in]
+        length, c_in = dims(x)[2:]
+        k = dims(weight)[3] // c_in
+        if k > 1:
+            x = self.with_history(x, state)
+        cols = self.side_by_side(x, [j * dilation for j in range(k)], length)
+        return o.add(self.product(cols, weight), self.w[prefix + ".bias"])
 
     def trans_conv(self, x, prefix: str, stride: int, state: str):
-        """Causal ConvTranspose1d (k = m*s) on [B, C_in, N]: one product of the m shifted input columns by
-        the taps (codec_graph.py, `trans_conv`) -> [B, C_out, N*s]."""
+        """Causal ConvTranspose1d (k = m*s) on [B, N, C_in]: one product of the m shifted input rows by the
+        taps (codec_graph.py, `trans_conv`) -> [B, N*s, C_out]."""
         o = self.ops
-        taps = self.w[prefix + ".taps"]  # [C_out*s, m*C_in]
-        cs, mc = dims(taps)[2:]
-        c_in, n = dims(x)[2], dims(x)[3]
-        m = mc // c_in
+        taps = self.w[prefix + ".taps"]  # [s*C_out, m*C_in]
+        _, b, n, c_in = dims(x)
+        m = dims(taps)[3] // c_in
         if m > 1:
-            x = o.concat(self.states[state], x, 0)
-            self.state_update(state, x, m - 1, n + m - 1)
-        cols = self.to_channel_last(x)  # [B, n+m-1, C_in]
-        if m > 1:
-            nb = cols.contents.nb
-            shifted = [o.view_3d(cols, c_in, n, self.B, nb[1], nb[2], (m - 1 - i) * nb[1]) for i in range(m)]
-            cols = shifted[0]
-            for piece in shifted[1:]:
-                cols = o.concat(cols, piece, 0)
-        y = self.product(o.reshape_2d(cols, mc, n * self.B), taps)  # [C_out*s, B*n]
-        y = o.add(y, o.reshape_2d(self.w[prefix + ".bias_taps"], 1, cs))
-        c_out = cs // stride
-        y = o.cont(o.permute(o.reshape_4d(y, n, self.B, stride, c_out), 1, 3, 0, 2))  # [B, C_out, n, s]
-        return o.reshape_3d(y, n * stride, c_out, self.B)
+            x = self.with_history(x, state)
+        cols = self.side_by_side(x, [m - 1 - i for i in range(m)], n)
+        y = o.add(self.product(cols, taps), self.w[prefix + ".bias_taps"])  # [B, N, s*C_out]
+        return o.reshape_3d(y, dims(taps)[2] // stride, n * stride, b)
 
     def snake(self, x, prefix: str):
-        """SnakeBeta on [B, C, L]: x + 1/beta * sin(alpha*x)^2."""
+        """SnakeBeta on [B, L, C]: x + 1/beta * sin(alpha*x)^2."""
         o = self.ops
         s = o.sin(o.mul(x, self.w[prefix + ".alpha"]))
         return o.add(x, o.mul(o.sqr(s), self.w[prefix + ".beta_inv"]))
 
     def dequantize(self, first, rest):
-        """RVQ lookup -> [B, codebook_dim, N]: the first table and the sum of the rest, each projected."""
+        """RVQ lookup -> [B, N, codebook_dim]: the first table and the sum of the rest, each projected."""
         o, q = self.ops, self.cfg.num_quantizers - 1
         e_first = o.get_rows(self.w["quantizer.rvq_first.codebook"], first)  # [B*N, d]
         e_rest = o.get_rows(self.w["quantizer.rvq_rest.codebooks"], rest)  # [B*N*q, d]
         d = dims(e_rest)[3]
         e_rest = o.reshape_3d(e_rest, d, q, self.B * self.N)
-        e_rest = o.reshape_2d(o.sum_rows(o.cont(o.permute(e_rest, 1, 0, 2, 3))), d, self.B * self.N)
-        z = o.add(self.product(e_first, "quantizer.rvq_first.output_proj.weight_t"),
-                  self.product(e_rest, "quantizer.rvq_rest.output_proj.weight_t"))  # [D, B*N]
-        return self.rows_to_time_last(z, self.N, dims(z)[2])
+        e_rest = o.reshape_3d(o.sum_rows(o.cont(o.permute(e_rest, 1, 0, 2, 3))), d, self.N, self.B)
+        return o.add(self.product(o.reshape_3d(e_first, d, self.N, self.B), "quantizer.rvq_first.output_proj.weight_t"),
+                     self.product(e_rest, "quantizer.rvq_rest.output_proj.weight_t"))
 
     def rope(self, x):
         """x [B, N, H, hd] rotated by the host's tables (NeoX rotate-half: [-x2, x1])."""
@@ -328,7 +343,7 @@ class _CodecGraph:
         return self.linear(out, p + ".o_proj", False)
 
     def transformer(self, x):
-        """[B, N, latent] -> [B, latent, N]."""
+        """[B, N, codebook_dim] -> [B, N, latent]."""
         o, cfg = self.ops, self.cfg
         eps = cfg.rms_norm_eps
         h = self.linear(x, "pre_transformer.input_proj")
@@ -340,29 +355,23 @@ class _CodecGraph:
             m = o.mul(o.silu(self.linear(m, p + ".mlp.gate_proj", False)), self.linear(m, p + ".mlp.up_proj", False))
             h = o.add(h, o.mul(self.linear(m, p + ".mlp.down_proj", False), self.w[p + ".mlp_layer_scale.scale"]))
         h = o.mul(o.rms_norm(h, eps), self.w["pre_transformer.norm.weight"])
-        prefix = "pre_transformer.output_proj"
-        y = self.product(o.reshape_2d(h, dims(h)[3], self.B * self.N), prefix + ".weight")
-        y = o.add(y, o.reshape_2d(self.w[prefix + ".bias"], 1, dims(y)[2]))
-        return self.rows_to_time_last(y, self.N, dims(y)[2])
+        return self.linear(h, "pre_transformer.output_proj")
 
     def convnext(self, x, prefix: str, state: str):
-        """ConvNeXt on [B, C, L]: causal depthwise k7, LayerNorm, MLP with exact GELU, gamma, residual."""
+        """ConvNeXt on [B, L, C]: causal depthwise k7 (ggml_ssm_conv, on time-last rows like its state), LayerNorm,
+        MLP with exact GELU, gamma, residual."""
         o = self.ops
-        length = dims(x)[3]
-        full = o.concat(self.states[state], x, 0)  # [B, C, 6+L]
+        full = o.concat(self.states[state], self.swap(x), 0)  # [B, C, 6+L]
         hist = dims(self.states[state])[3]
-        self.state_update(state, full, hist, length + hist)
+        ne, nb = full.contents.ne, full.contents.nb
+        kept = o.view_3d(full, hist, ne[1], ne[2], nb[1], nb[2], (ne[0] - hist) * nb[0])
+        o.output(f"out_{state}", o.cont(kept), (self.B, ne[1], hist))
         y = o.ssm_conv(full, self.w[prefix + ".dwconv.conv.weight"])  # [B, L, C]
         y = o.add(y, self.w[prefix + ".dwconv.conv.bias"])
         y = o.add(o.mul(o.norm(y, 1e-6), self.w[prefix + ".norm.weight"]), self.w[prefix + ".norm.bias"])
-        channels, rows = dims(y)[3], self.B * length
-        y = self.product(o.reshape_2d(y, channels, rows), prefix + ".pwconv1.weight")  # [4C, B*L]
-        wide = dims(y)[2]
-        y = o.gelu_erf(o.add(y, o.reshape_2d(self.w[prefix + ".pwconv1.bias"], 1, wide)))
-        y = self.product(o.cont(o.transpose(y)), prefix + ".pwconv2.weight")  # [C, B*L]
-        y = o.add(y, o.reshape_2d(self.w[prefix + ".pwconv2.bias"], 1, channels))
-        y = o.mul(y, o.reshape_2d(self.w[prefix + ".gamma"], 1, channels))
-        return o.add(x, self.rows_to_time_last(y, length, channels))
+        y = o.gelu_erf(self.linear(y, prefix + ".pwconv1"))
+        y = o.mul(self.linear(y, prefix + ".pwconv2"), self.w[prefix + ".gamma"])
+        return o.add(x, y)
 
     def decoder_block(self, x, n: int, rate: int):
         p = f"decoder.{n + 1}.block"
