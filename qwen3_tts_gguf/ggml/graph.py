@@ -120,13 +120,11 @@ class Weights:
 
 class Ops:
     """Builds one graph: `ops.mul_mat(a, b)` is ggml_mul_mat(ctx, a, b), and so for every op of
-    `lib._OPS`; `input` and `output` name the graph's ends. `min_rows`: every product takes at least this many
-    rows (`product`)."""
+    `lib._OPS`; `input` and `output` name the graph's ends."""
 
-    def __init__(self, max_nodes: int = 16384, *, min_rows: int = 0):
+    def __init__(self, max_nodes: int = 16384):
         g = ggml()
         self.max_nodes = max_nodes
-        self.min_rows = min_rows
         size = g.ggml_tensor_overhead() * max_nodes + g.ggml_graph_overhead_custom(max_nodes, False)
         self.ctx = g.ggml_init(InitParams(size, None, True))
         self.inputs: dict[str, tuple[T, tuple[int, ...], np.dtype]] = {}
@@ -151,16 +149,26 @@ class Ops:
 
         return product if op == "mul_mat" else call
 
-    def product(self, weight: T, rows: T, *, rows_first: bool) -> T:
+    def product(self, weight: T, rows: T, *, rows_first: bool, piece: int = 0) -> T:
         """rows [R, in] times a weight [out, in]: [out, R] (`rows_first`: the rows are ggml's first operand)
         or [R, out]. ggml's CPU backend picks its kernel by the rows' count (its tiled kernel takes multiples
         of 4 only), so rows are padded to ROW_MULTIPLE with zeros: a row's value comes from the same kernel
-        whatever the call holds (chunked audio bit for bit, a stream's codes alone = beside others); and to
-        `min_rows` at least (a GPU backend's kernel is then the same whatever the call holds:
-        VECTOR_KERNEL_ROWS)."""
+        whatever the call holds (chunked audio bit for bit, a stream's codes alone = beside others).
+        `piece` (rows last only): the rows are multiplied `piece` at a time (on a GPU, VECTOR_KERNEL_ROWS: every
+        row then meets the f32 matrix-vector kernels, however many the call holds)."""
         count = rows.contents.ne[1]
-        target = max(count, self.min_rows)
-        pad = target + (-target % ROW_MULTIPLE) - count
+        if piece and count > piece:
+            if rows_first:
+                raise ValueError("a product in pieces takes its rows last")
+            nb = rows.contents.nb
+            parts = [self.product(weight, self.view_2d(rows, rows.contents.ne[0], min(piece, count - at), nb[1],
+                                                       at * nb[1]), rows_first=False)
+                     for at in range(0, count, piece)]
+            y = parts[0]
+            for part in parts[1:]:
+                y = self.concat(y, part, 1)
+            return y
+        pad = -count % ROW_MULTIPLE
         x = self.pad(rows, 0, pad, 0, 0) if pad else rows
         y = self.mul_mat(x, weight) if rows_first else self.mul_mat(weight, x)
         if not pad:

@@ -117,10 +117,8 @@ class GgmlCodec(GgmlStage):
 
     # -- one call ----------------------------------------------------------------------------
     def _graph(self, batch: int, frames: int) -> _CodecGraph:
-        # on a GPU every product takes more rows than the f32 matrix-vector kernels do, so that a row meets the
-        # same kernel (and the same rounding) whatever the call holds
         return _CodecGraph(self.cfg, self.weights, self.state_specs, batch, frames,
-                           min_rows=0 if self.backend.is_cpu else VECTOR_KERNEL_ROWS + 1)
+                           vector_rows=0 if self.backend.is_cpu else VECTOR_KERNEL_ROWS)
 
     def _run(self, codes: np.ndarray, state: CodecState) -> tuple[np.ndarray, CodecState]:
         batch, frames, _ = codes.shape
@@ -189,9 +187,11 @@ class _CodecGraph:
     [B, L, C] (channel last) from end to end: every product is a weight times rows, with no transpose
     between stages. States keep the ONNX codec's layout ([B, C, L]) and are turned at the graph's ends."""
 
-    def __init__(self, cfg: CodecDecoderConfig, weights: Weights, specs, batch: int, frames: int, *, min_rows: int = 0):
+    def __init__(self, cfg: CodecDecoderConfig, weights: Weights, specs, batch: int, frames: int, *,
+                 vector_rows: int = 0):
         self.cfg, self.w, self.B, self.N = cfg, weights, batch, frames
-        self.ops = o = Ops(min_rows=min_rows)
+        self.vector_rows = vector_rows
+        self.ops = o = Ops()
         self.states = {name: o.input(f"in_{name}", (batch, *shape)) for name, shape, _ in specs if name != "pos"}
         first = o.input("first", (batch * frames,), np.int32)
         rest = o.input("rest", (batch * frames * (cfg.num_quantizers - 1),), np.int32)
@@ -251,11 +251,14 @@ class _CodecGraph:
 
     # -- pieces ----------------------------------------------------------------------------
     def product(self, x, weight):
-        """x [B, L, in] times a weight [out, in] (a name or a tensor): [B, L, out] (`Ops.product`)."""
+        """x [B, L, in] times a weight [out, in] (a name or a tensor): [B, L, out] (`Ops.product`). With
+        `vector_rows` (a GPU), the stages of few rows a frame, which a call may hold few or many of, take them in
+        pieces of that many: a row meets the same kernel whatever the call holds."""
         o = self.ops
         weight = self.w[weight] if isinstance(weight, str) else weight
         _, b, length, c = dims(x)
-        y = o.product(weight, o.reshape_2d(x, c, b * length), rows_first=False)
+        piece = self.vector_rows if length <= self.N * self.vector_rows else 0
+        y = o.product(weight, o.reshape_2d(x, c, b * length), rows_first=False, piece=piece)
         return o.reshape_3d(y, dims(weight)[2], length, b)
 
     def linear(self, x, prefix: str, bias: bool = True):
