@@ -22,7 +22,6 @@ Where the graph differs in form from the ONNX one (results equal up to rounding)
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 from collections.abc import Sequence
@@ -32,7 +31,6 @@ import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig
 from qwen3_tts_gguf.ggml.graph import VECTOR_KERNEL_ROWS, Backend, GgmlStage, Graph, GraphCache, Ops, Weights, dims
-from qwen3_tts_gguf.ggml.lib import TYPE_F32
 from qwen3_tts_gguf.host.locks import DeviceLock, hold_devices
 from qwen3_tts_gguf.model.codec import CodecState, checked_codes, decode_in_calls, split_states, stack_states
 
@@ -154,9 +152,12 @@ def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict
     """The ONNX file's initializers in the forms the ggml graph multiplies by (numpy shapes; ggml's ne
     reversed): matrices as [out, in]; convolutions as [C_out, k*C_in], tap-major (column j*C_in + c takes
     x[t + j*d, c]); transposed convs' taps as [s*C_out, m*C_in], sample-major (row r*C_out + c is sample
-    t*s + r of channel c); Snakes' alpha and 1/beta as [C]."""
+    t*s + r of channel c), their column blocks in the order of the rows they take (the ONNX graph's reversed);
+    Snakes' alpha and 1/beta as [C]."""
     strides = {f"upsample.{j}.0.conv": s for j, s in enumerate(cfg.upsampling_ratios)}
     strides |= {f"decoder.{n + 1}.block.1.conv": s for n, s in enumerate(cfg.upsample_rates)}
+    inputs = {f"upsample.{j}.0.conv": cfg.latent_dim for j in range(len(cfg.upsampling_ratios))}
+    inputs |= {f"decoder.{n + 1}.block.1.conv": cfg.decoder_dim >> n for n in range(len(cfg.upsample_rates))}
     out = {}
     for name, array in raw.items():
         key = name.removeprefix("decoder.")
@@ -165,10 +166,10 @@ def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict
             out[prefix + ".alpha"] = (array.astype(np.float64) * math.pi).astype(np.float32).reshape(-1)
         elif leaf == "beta_inv":
             out[key] = array.reshape(-1)
-        elif leaf == "taps":  # [m*C_in, C_out*s], column c*s + r
-            s = strides[prefix]
-            out[key] = np.ascontiguousarray(array.T.reshape(-1, s, array.shape[0]).transpose(1, 0, 2)
-                                            .reshape(array.shape[1], array.shape[0]))
+        elif leaf == "taps":  # [m*C_in, C_out*s]: row block i takes x[t-i], column c*s + r
+            m, c_in = array.shape[0] // inputs[prefix], inputs[prefix]
+            taps = array.reshape(m, c_in, -1, strides[prefix])[::-1]  # [m, C_in, C_out, s], block j takes x[t+j]
+            out[key] = np.ascontiguousarray(taps.transpose(3, 2, 0, 1).reshape(array.shape[1], array.shape[0]))
         elif leaf == "bias_taps":  # [C_out*s], entry c*s + r
             out[key] = np.ascontiguousarray(array.reshape(-1, strides[prefix]).T.reshape(-1))
         elif key.endswith("dwconv.conv.weight"):  # [C, 1, k] -> ggml_ssm_conv's [C, k]
@@ -234,20 +235,19 @@ class _CodecGraph:
         o.output(f"out_{state}", self.swap(self.tail(full, hist)), (self.B, dims(x)[3], hist))
         return full
 
-    def side_by_side(self, x, shifts: Sequence[int], length: int):
-        """x [B, T, C] -> [B, length, len(shifts)*C]: row t holds x[t+s] for each shift s in turn (im2col as
-        row copies into one buffer, each depending on the one before)."""
+    def side_by_side(self, x, taps: int, step: int, length: int):
+        """x [B, T, C] -> [B, length, taps*C]: row t holds x[t], x[t+step], ... side by side (im2col: one copy of
+        an overlapping view, each input row read `taps` times)."""
         o = self.ops
-        _, b, _, c = dims(x)
-        if list(shifts) == [0] and dims(x)[2] == length:
+        _, b, rows, c = dims(x)
+        if taps == 1 and rows == length:
             return x
         nb = x.contents.nb
-        out = o.new_tensor(TYPE_F32, 3, (ctypes.c_int64 * 3)(len(shifts) * c, length, b))
-        onb = out.contents.nb
-        for i, shift in enumerate(shifts):
-            rows = o.view_3d(x, c, length, b, nb[1], nb[2], shift * nb[1])
-            out = o.set_inplace(out, rows, onb[1], onb[2], onb[3], i * c * onb[0])
-        return out
+        # ggml_view checks a view's dense size against its source, which an overlapping view exceeds: it is made
+        # one tap wide, then widened (its extent, which backends read, stays inside x)
+        view = o.view_4d(x, c, 1, length, b, step * nb[1], nb[1], nb[2], 0)
+        view.contents.ne[1] = taps
+        return o.reshape_3d(o.cont(view), taps * c, length, b)
 
     # -- pieces ----------------------------------------------------------------------------
     def product(self, x, weight):
@@ -274,7 +274,7 @@ class _CodecGraph:
         k = dims(weight)[3] // c_in
         if k > 1:
             x = self.with_history(x, state)
-        cols = self.side_by_side(x, [j * dilation for j in range(k)], length)
+        cols = self.side_by_side(x, k, dilation, length)
         return o.add(self.product(cols, weight), self.w[prefix + ".bias"])
 
     def trans_conv(self, x, prefix: str, stride: int, state: str):
@@ -286,7 +286,7 @@ class _CodecGraph:
         m = dims(taps)[3] // c_in
         if m > 1:
             x = self.with_history(x, state)
-        cols = self.side_by_side(x, [m - 1 - i for i in range(m)], n)
+        cols = self.side_by_side(x, m, 1, n)
         y = o.add(self.product(cols, taps), self.w[prefix + ".bias_taps"])  # [B, N, s*C_out]
         return o.reshape_3d(y, dims(taps)[2] // stride, n * stride, b)
 
