@@ -105,10 +105,13 @@ def _time_predictor(predictor, hidden: np.ndarray, code0: np.ndarray, streams: i
 
 def _loaded_mb(variant: dict, threads: int) -> float:
     """Resident memory the variant's file adds when it is loaded, in a fresh process (a heap that other
-    variants freed into would hide it)."""
+    variants freed into would hide it), the load's freed heap given back as the engine gives it (model/loaded.py)."""
+    from qwen3_tts_gguf.host.heap import release_freed_heap
+
     before = rss_mb()
     obj, closer = _load(variant["stage"], variant["runtime"], Path(variant["folder"]),
                         variant.get("stages_file") and Path(variant["stages_file"]), threads, variant.get("device"))
+    release_freed_heap()
     grown = rss_mb() - before
     if closer is not None:
         closer.close()
