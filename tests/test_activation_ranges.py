@@ -25,7 +25,7 @@ import pytest
 from qwen3_tts_gguf.convert import pipeline
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.llama_stages import f32_weights, write_llama_stages
-from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, decoder_stack
+from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, decode_codes, decoder_stack
 from qwen3_tts_gguf.convert.pipeline import build_manifest, convert_checkpoint, prompt_builder
 from qwen3_tts_gguf.convert.precision.activation_ranges import (
     F16_LIMIT,
@@ -42,6 +42,7 @@ from qwen3_tts_gguf.convert.verify import PREDICTOR_REL_RMS, TALKER_REL_RMS, Ver
 from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
 from qwen3_tts_gguf.model.safetensors_io import write_safetensors
 from qwen3_tts_gguf.model.sampler import SamplingParams, pack
+from qwen3_tts_gguf.model.stage_runtimes import CodecRuntimeError, resolve
 from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
 
 from tests.conftest import ROOT
@@ -106,7 +107,12 @@ def test_measure_finds_the_planted_spike_and_random_weights_keep_nothing(planted
     assert keep_f32(ranges, "int8", "code_predictor") == keep_f32(ranges, "int4", "code_predictor") == {CP_DOWN}
     assert keep_f32(ranges, "bf16") == keep_f32(ranges, "f32") == keep_f32(ranges, "fp32") == frozenset()
     random = measured(checkpoint_factory("tiny_cv"), tmp_path)
-    assert max(r.peak for r in random.inputs.values()) < F16_LIMIT / 100
+    assert max(r.peak for k, r in random.inputs.items() if not k.startswith("decoder.")) < F16_LIMIT / 100
+    # the codec is measured through its vocoder (every convolution), whose residual units grow its inputs
+    # even on random weights: still well inside f16
+    convs = [k for k in random.inputs if k.startswith("decoder.decoder.") and k.endswith("conv.weight")]
+    assert len(convs) == 2 + 7 * len(Checkpoint.open(checkpoint_factory("tiny_cv")).config.codec.upsample_rates)
+    assert random.report({})["codec_peak"] < F16_LIMIT / 4
     for fmt in ("f16", "bf16", "q8_0", "q4_k_m", "iq4_nl", "int8", "int4"):
         assert keep_f32(random, fmt) == frozenset(), fmt
     assert keep_f32(ActivationRanges(random.inputs, model_size="0b6"), "f16") == {  # upstream's rule
@@ -271,3 +277,33 @@ def test_random_weights_keep_nothing_in_a_converted_folder(realcodec_cv_default)
     assert "--only-llama-stages --force" in manifest.llama_stages_missing
     manifest.llama_stages = {**old, "code_predictor": "f32", "codec": "f32"}
     assert manifest.llama_stages_missing is None
+
+
+def test_a_codec_whose_inputs_pass_f16_stays_off_the_gpu(checkpoint_factory, realcodec_cv_default):
+    """The codec file is fp32 whatever the preset, but a GPU's matrix kernels may round its inputs to f16
+    (ggml-vulkan's on a device with fp16). Planted: decoder.0's kernel scaled so the first block's transposed
+    convolution takes inputs past f16. The measured `codec_peak` then keeps `auto` from the ggml codec when the
+    talker is on a GPU, and `--codec-runtime ggml` there is refused; on the CPU backend (fp32) it stays."""
+    ckpt = Checkpoint.open(checkpoint_factory("tiny_cv"))
+    cfg = ckpt.config.codec
+    weights = dict(ckpt.codec_weights)
+    for leaf in ("weight", "bias"):
+        weights[f"decoder.decoder.0.conv.{leaf}"] = np.asarray(weights[f"decoder.decoder.0.conv.{leaf}"]) * 1e5
+    ranges = ActivationRanges()
+    decode_codes(weights, cfg, np.random.default_rng(0).integers(0, cfg.codebook_size, (4, 16)), np.float32,
+                 ranges.observe)
+    assert ranges.inputs["decoder.decoder.1.block.1.conv.weight"].peak > F16_MAX
+    manifest = load_manifest(realcodec_cv_default)
+    assert 0 < manifest.activations["codec_peak"] < F16_LIMIT and manifest.codec_peak_past_f16 is None  # random
+    assert resolve("auto", "auto", manifest, gpu_layers=-1, onnx_device="cpu").codec == "ggml"
+
+    manifest.activations = {**manifest.activations, "codec_peak": ranges.report({})["codec_peak"]}
+    assert manifest.codec_peak_past_f16 > F16_MAX
+    runtimes = resolve("auto", "auto", manifest, gpu_layers=-1, onnx_device="cpu")
+    assert runtimes.codec == "onnxruntime" and "f16" in runtimes.why
+    with pytest.raises(CodecRuntimeError, match="f16"):
+        resolve("auto", "ggml", manifest, gpu_layers=-1, onnx_device="cpu")
+    assert resolve("auto", "ggml", manifest, gpu_layers=0, onnx_device="cpu").codec == "ggml"
+    # a folder converted before the vocoder was measured has no `codec_peak`: nothing changes for it
+    manifest.activations = {k: v for k, v in manifest.activations.items() if k != "codec_peak"}
+    assert manifest.codec_peak_past_f16 is None

@@ -4,9 +4,10 @@ converted graphs. Float64 by default, so they serve as the truth for fp32 graphs
 `decoder_stack` runs a talker ("talker.model") or code-predictor ("talker.code_predictor.model")
 stack over a sequence of input rows with full causal attention and returns the post-final-norm
 hidden states; `code_predictor_logits` builds the teacher-forced code-predictor forward on it.
-`decoder_stack`, `code_predictor_logits` and `codec_upsampled` (the codec up to its vocoder) take
-`observe(name, x)`, called with every matrix product's input `x` and the checkpoint name of its
-weight (`convert/precision/activation_ranges.py` measures activation ranges with it).
+`decoder_stack`, `code_predictor_logits`, `codec_upsampled` (the codec up to its vocoder) and
+`decode_codes` take `observe(name, x)`, called with every matrix product's input `x` (a convolution's:
+its input positions as rows) and the checkpoint name of its weight (`convert/precision/activation_ranges.py`
+measures activation ranges with it).
 
 `decode_codes(weights, cfg, codes)` is the 12 Hz codec decoder's (code2wav) whole-utterance forward:
 it reads the speech tokenizer's `decoder.*` tensors directly and computes what the official
@@ -131,6 +132,22 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(x.dtype))
 
 
+def _conv(read: Callable[[str], np.ndarray], prefix: str, x: np.ndarray, observe: Observer | None,
+          dilation: int = 1) -> np.ndarray:
+    """The causal Conv1d `prefix`.weight/.bias on x [C_in, L], its input shown to `observe` first."""
+    if observe is not None:
+        observe(prefix + ".weight", x.T)
+    return _causal_conv(x, read(prefix + ".weight"), read(prefix + ".bias"), dilation)
+
+
+def _trans_conv(read: Callable[[str], np.ndarray], prefix: str, x: np.ndarray, stride: int,
+                observe: Observer | None) -> np.ndarray:
+    """The causal ConvTranspose1d `prefix`.weight/.bias on x [C_in, L], its input shown to `observe` first."""
+    if observe is not None:
+        observe(prefix + ".weight", x.T)
+    return _causal_trans_conv(x, read(prefix + ".weight"), read(prefix + ".bias"), stride)
+
+
 def _causal_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, dilation: int = 1) -> np.ndarray:
     """Stride-1 causal Conv1d on x [C_in, L] (left zero pad (k-1)*d), w [C_out, C_in, k] -> [C_out, L]."""
     k, length = w.shape[2], x.shape[1]
@@ -244,37 +261,37 @@ def codec_upsampled(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, 
     z = (w("decoder.quantizer.rvq_first.output_proj.weight")[:, :, 0] @ sem.T
          + w("decoder.quantizer.rvq_rest.output_proj.weight")[:, :, 0] @ ac.T)
     # (2) pre_conv, (3) transformer
-    x = _causal_conv(z, w("decoder.pre_conv.conv.weight"), w("decoder.pre_conv.conv.bias"))
+    x = _conv(w, "decoder.pre_conv.conv", z, observe)
     x = _transformer(w, cfg, x.T, observe).T
     # (4) upsampling: ConvTranspose k=s (no trim) + ConvNeXt
     for u, factor in enumerate(cfg.upsampling_ratios):
         q = f"decoder.upsample.{u}."
-        x = _causal_trans_conv(x, w(q + "0.conv.weight"), w(q + "0.conv.bias"), factor)
+        x = _trans_conv(w, q + "0.conv", x, factor, observe)
         x = _convnext(w, q + "1.", x, observe)
     return x
 
 
 def decode_codes(weights: Mapping[str, np.ndarray], cfg: CodecDecoderConfig, codes: np.ndarray,
-                 dtype=np.float64) -> np.ndarray:
+                 dtype=np.float64, observe: Observer | None = None) -> np.ndarray:
     """Whole-utterance decode of codes [T, num_quantizers] -> wav [T*samples_per_frame] in `dtype`.
 
     `weights` maps the speech tokenizer's tensor names (`decoder.*`) to arrays. Negative codes
     (padding) count as 0, as the official wrapper clamps them; codes >= codebook_size are refused."""
     w = _reader(weights, dtype)
-    x = codec_upsampled(weights, cfg, codes, dtype)
+    x = codec_upsampled(weights, cfg, codes, dtype, observe)
     # (5) vocoder
-    x = _causal_conv(x, w("decoder.decoder.0.conv.weight"), w("decoder.decoder.0.conv.bias"))
+    x = _conv(w, "decoder.decoder.0.conv", x, observe)
     for n, rate in enumerate(cfg.upsample_rates, start=1):
         q = f"decoder.decoder.{n}.block."
         x = _snake(x, w(q + "0.alpha"), w(q + "0.beta"))
-        x = _causal_trans_conv(x, w(q + "1.conv.weight"), w(q + "1.conv.bias"), rate)
+        x = _trans_conv(w, q + "1.conv", x, rate, observe)
         for u, dilation in enumerate(RESIDUAL_DILATIONS, start=2):
             r = f"{q}{u}."
             y = _snake(x, w(r + "act1.alpha"), w(r + "act1.beta"))
-            y = _causal_conv(y, w(r + "conv1.conv.weight"), w(r + "conv1.conv.bias"), dilation)
+            y = _conv(w, r + "conv1.conv", y, observe, dilation)
             y = _snake(y, w(r + "act2.alpha"), w(r + "act2.beta"))
-            x = x + _causal_conv(y, w(r + "conv2.conv.weight"), w(r + "conv2.conv.bias"))
+            x = x + _conv(w, r + "conv2.conv", y, observe)
     last = len(cfg.upsample_rates) + 1
     x = _snake(x, w(f"decoder.decoder.{last}.alpha"), w(f"decoder.decoder.{last}.beta"))
-    x = _causal_conv(x, w(f"decoder.decoder.{last + 1}.conv.weight"), w(f"decoder.decoder.{last + 1}.conv.bias"))
+    x = _conv(w, f"decoder.decoder.{last + 1}.conv", x, observe)
     return np.clip(x[0], -1.0, 1.0)

@@ -87,6 +87,15 @@ class Manifest:
                     f"may overflow on published weights); write it again with `{ADD_LLAMA_STAGES} --force`")
         return None
 
+    @property
+    def codec_peak_past_f16(self) -> float | None:
+        """The codec's largest measured input peak where it passes the f16 limit the converter recorded (a
+        GPU's matrix kernels may round the codec's inputs to f16), else None; None too for a folder whose
+        vocoder was not measured (converted before 2026-12-06 16:30)."""
+        measured = self.activations or {}
+        peak, limit = measured.get("codec_peak"), measured.get("f16_limit")
+        return peak if peak is not None and limit is not None and peak > limit else None
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, ensure_ascii=False)
 

@@ -6,7 +6,8 @@ backend, Vulkan and CUDA included).
 When the talker is offloaded (`--gpu-layers`) to a device ONNX Runtime has no provider for (`--device`
 left on the CPU: Vulkan's GPUs, a CUDA machine without onnxruntime-gpu), `auto` puts both stages on the
 project's ggml graphs on the talker's device (the code predictor where the model folder has its llama
-stages file, whose weights it reads); ONNX Runtime otherwise (the parity profile always keeps it).
+stages file, whose weights it reads; the codec unless its inputs, as measured at conversion, pass what f16
+holds); ONNX Runtime otherwise (the parity profile always keeps it).
 On a CPU ONNX Runtime measures fastest for both stages (docs/benchmarks.md, *Stage runtimes*). The runtime
 is a choice of implementation behind the stage's interface, never a branch in the engine. (llama.cpp's own
 graphs, libmtmd's windowed `code2wav` and one-stream `code_gen`, were a runtime until 2026-12-06: they lost
@@ -23,6 +24,10 @@ CP_RUNTIMES = ("auto", "onnxruntime", "ggml")
 """What `--cp-runtime` accepts."""
 CODEC_RUNTIMES = ("auto", "onnxruntime", "openvino", "ggml")
 """What `--codec-runtime` accepts."""
+
+
+_PAST_F16 = ("this model's codec inputs peak at {peak:.3g} (measured at conversion), past what a GPU's matrix "
+             "kernels take when they round their inputs to f16 (ggml-vulkan's do)")
 
 
 class StageRuntimeError(ValueError):
@@ -64,7 +69,13 @@ def resolve(cp_runtime: str, codec_runtime: str, manifest: Manifest, *, gpu_laye
     if on_gpu and not has_stages:
         why += " (the code predictor on ONNX Runtime: this folder has no llama stages file)"
     cp = ("ggml" if on_gpu and has_stages else "onnxruntime") if cp_runtime == "auto" else cp_runtime
-    codec = ("ggml" if on_gpu else "onnxruntime") if codec_runtime == "auto" else codec_runtime
+    peak = manifest.codec_peak_past_f16
+    if on_gpu and peak is not None:
+        why += f" (the codec on ONNX Runtime: {_PAST_F16.format(peak=peak)})"
+    codec = ("ggml" if on_gpu and peak is None else "onnxruntime") if codec_runtime == "auto" else codec_runtime
+    if codec == "ggml" and gpu_layers and peak is not None:
+        raise CodecRuntimeError(f"--codec-runtime ggml would run the codec on the talker's GPU, but "
+                                f"{_PAST_F16.format(peak=peak)}; leave the codec on onnxruntime")
     if cp == "ggml" and not has_stages:
         raise StageRuntimeError(f"--cp-runtime ggml reads the code predictor of {LLAMA_STAGES_FILE}, which "
                                 f"{manifest.name} has not: {manifest.llama_stages_missing}")

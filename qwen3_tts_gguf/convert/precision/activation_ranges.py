@@ -8,11 +8,11 @@ NaN, then an out-of-range gather that aborts the process. Random weights never r
 
 `measure(ckpt, prompts)` runs PROMPTS through the fp32 numpy reference (`convert/numpy_reference.py`):
 the talker prefills the prompts side by side and makes FRAMES frames of each (codebook 0 greedy,
-codebooks 1-15 from two teacher-forced passes of the code predictor), and the codec decoder's
-transformer and upsampling blocks (up to its vocoder) decode those frames and CODEC_RANDOM_FRAMES
-random ones. For every weight it records its
-input's peak |x| and its largest peak-to-median ratio within one row. Results are keyed by checkpoint
-tensor name (the speech tokenizer's `decoder.*` names for the codec), never by a file format's.
+codebooks 1-15 from two teacher-forced passes of the code predictor), and the codec decoder (its
+convolutions and vocoder included) decodes those frames and CODEC_RANDOM_FRAMES random ones. For every
+weight it records its input's peak |x| and its largest peak-to-median ratio within one row. Results are
+keyed by checkpoint tensor name (the speech tokenizer's `decoder.*` names for the codec), never by a file
+format's.
 
 `keep_f32(ranges, fmt)` names the weights whose input `fmt` could not take:
 - f16 (talker GGUF, llama stages file): a peak above F16_LIMIT, f16's largest value over F16_HEADROOM
@@ -26,6 +26,9 @@ tensor name (the speech tokenizer's `decoder.*` names for the codec), never by a
 - int8 / int4 code predictor (ONNX Runtime's MatMulNBits at accuracy level 4: int8 inputs per block of
   the weights' block size, float scales): the peak-to-median rule.
 - f32, fp32 and bf16 (f32's range): nothing.
+The codec is written fp32 whatever the preset, but a GPU's matrix kernels may round its inputs to f16
+(ggml-vulkan's on a device with fp16): the report's `codec_peak` is its largest input peak, and a folder whose
+peak passes F16_LIMIT keeps the codec off the GPU (`model/stage_runtimes.py`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
-from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, codec_upsampled, decoder_stack
+from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, decode_codes, decoder_stack
 from qwen3_tts_gguf.model.prompt import PromptBuilder, VoiceSpec
 
 PROMPTS = (("Hello, this is a test of the speech system. How are you today?", "english"),
@@ -97,6 +100,8 @@ class ActivationRanges:
                         "through the fp32 numpy reference",
             "f16_limit": F16_LIMIT, "int8_peak_to_median_limit": INT8_PEAK_TO_MEDIAN,
             "largest_peaks": {stage: self.largest(prefix) for stage, prefix in STAGES.items()},
+            "codec_peak": _round(max((r.peak for k, r in self.inputs.items() if k.startswith(STAGES["codec"])),
+                                     default=0.0)),
             "kept_f32": {file: {k: {"peak": _round(self.inputs[k].peak),
                                     "peak_to_median": _round(self.inputs[k].peak_to_median)} for k in sorted(names)}
                          for file, names in kept.items()},
@@ -156,7 +161,7 @@ def measure(ckpt: Checkpoint, prompts: PromptBuilder, frames: int = FRAMES) -> A
         rows = [np.concatenate([r, prompts.tables.frame_rows(f[None]) + t]) for r, f, t in zip(rows, made[-1], text)]
     rng = np.random.default_rng(0)
     codes = np.concatenate([*made, rng.integers(0, cfg.codec.codebook_size, (CODEC_RANDOM_FRAMES, 16))])
-    codec_upsampled(ckpt.codec_weights, cfg.codec, codes, np.float32, ranges.observe)
+    decode_codes(ckpt.codec_weights, cfg.codec, codes, np.float32, ranges.observe)
     return ranges
 
 
