@@ -47,7 +47,7 @@ def parts(model_dir: str, threads: int, kv_cache: str) -> dict:
     prompts = PromptBuilder(manifest, TextTokenizer(folder, manifest.tokenizer["pretokenizer"]), tables)
     prompts.build(TEXT, VoiceSpec(speaker=SPEAKER, language=LANGUAGE), TEXT_MODE)
     rss["tokenizer_tables"] = rss_mb()
-    talker = Talker(folder / TALKER_FILE, talker_settings(settings, manifest.quant))
+    talker = Talker(folder / TALKER_FILE, talker_settings(settings, manifest.quant, activations=manifest.activations))
     rss["talker"] = rss_mb()
     predictor = CodePredictor(folder / predictor_file(manifest), threads=threads)
     rss["code_predictor"] = rss_mb()

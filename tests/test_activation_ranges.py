@@ -39,11 +39,11 @@ from qwen3_tts_gguf.convert.presets import PRESETS, LlamaStagesFormat
 from qwen3_tts_gguf.convert.talker_gguf import gguf_tensor_types, write_talker_gguf
 from qwen3_tts_gguf.convert.text_tables import write_text_tables
 from qwen3_tts_gguf.convert.verify import PREDICTOR_REL_RMS, TALKER_REL_RMS, VerificationError, _rel_rms
-from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, PREDICTOR_FILE, TALKER_FILE, load_manifest
+from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, MANIFEST, PREDICTOR_FILE, TALKER_FILE, load_manifest
 from qwen3_tts_gguf.model.safetensors_io import write_safetensors
 from qwen3_tts_gguf.model.sampler import SamplingParams, pack
 from qwen3_tts_gguf.model.stage_runtimes import CodecRuntimeError, resolve
-from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings
+from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings, kv_cache_for
 
 from tests.conftest import ROOT
 from tests.greedy_agreement import NEAR_TIE
@@ -307,3 +307,50 @@ def test_a_codec_whose_inputs_pass_f16_stays_off_the_gpu(checkpoint_factory, rea
     # a folder converted before the vocoder was measured has no `codec_peak`: nothing changes for it
     manifest.activations = {k: v for k, v in manifest.activations.items() if k != "codec_peak"}
     assert manifest.codec_peak_past_f16 is None
+
+
+def test_the_talker_kv_cache_keeps_to_what_its_values_fit(checkpoint_factory, realcodec_cv_default, tmp_path):
+    """What the talker's layers cache is measured too (keys normed and rotated, values): planted, a layer's
+    v_proj scaled by s and its o_proj by 1/s (the layer's output unchanged, its cached values s times larger).
+    Past f16's range the talker takes an f32 KV cache, whatever was asked (an f16 cache, or 8-bit blocks with
+    f16 scales, would overflow); a value towering over its row keeps 8-bit blocks away (f16)."""
+    ckpt = Checkpoint.open(checkpoint_factory("tiny_cv"))
+    cfg = ckpt.config.talker
+    weights = {n: np.asarray(w, np.float32) for n, w in ckpt.weights.items() if n.startswith("talker.model.")}
+    rows = np.random.default_rng(0).standard_normal((1, 12, cfg.hidden_size)).astype(np.float32)
+    plain, spiked = ActivationRanges(), ActivationRanges()
+    before = decoder_stack(weights, "talker.model", cfg, rows, observe=plain.observe)
+    for leaf, factor in (("v_proj", 1e6), ("o_proj", 1e-6)):
+        name = f"talker.model.layers.0.self_attn.{leaf}.weight"
+        weights[name] = weights[name] * np.float32(factor)
+    after = decoder_stack(weights, "talker.model", cfg, rows, observe=spiked.observe)
+    np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4)
+    assert plain.report({})["talker_kv_cache"]["peak"] < F16_LIMIT / 100
+    assert spiked.report({})["talker_kv_cache"]["peak"] > F16_MAX
+    assert set(spiked.cached) == {f"talker.model.layers.{i}.self_attn.{kv}_cache" for i in range(cfg.num_layers)
+                                  for kv in "kv"}
+    assert not any(name.endswith("_cache") for name in spiked.inputs)  # never a weight to keep
+
+    measured = load_manifest(realcodec_cv_default).activations
+    assert 0 < measured["talker_kv_cache"]["peak"] < F16_LIMIT  # a converted folder records it
+    for asked in ("f16", "q8_0", "q4_0"):
+        assert kv_cache_for(asked, 128, measured) == asked
+        assert kv_cache_for(asked, 128, {**measured, **spiked.report({})}) == "f32"
+        towering = {**measured, "talker_kv_cache": {"peak": 100.0, "peak_to_median": 5000.0}}
+        assert kv_cache_for(asked, 128, towering) == "f16"
+
+    # the engine's talker reads it from the folder's manifest
+    folder = tmp_path / "spiked-kv"
+    folder.mkdir()
+    for f in realcodec_cv_default.iterdir():
+        (folder / f.name).symlink_to(f)
+    manifest = load_manifest(realcodec_cv_default)
+    manifest.activations = {**manifest.activations, **spiked.report({})}
+    (folder / MANIFEST).unlink()
+    (folder / MANIFEST).write_text(manifest.to_json())
+    talker = Talker(folder / TALKER_FILE, TalkerSettings(max_streams=1, n_ctx=256, threads=1, kv_cache="f16",
+                                                         activations=manifest.activations))
+    try:
+        assert talker.kv_cache == "f32"
+    finally:
+        talker.close()

@@ -28,7 +28,8 @@ import numpy as np
 from qwen3_tts_gguf.convert.checkpoint import CodecDecoderConfig, ModelConfig, TransformerConfig
 
 Observer = Callable[[str, np.ndarray], None]
-"""observe(weight name, the input x of `x @ weight.T`)."""
+"""observe(weight name, the input x of `x @ weight.T`); and observe("<stack>.layers.<i>.self_attn.k_cache" or
+".v_cache", the keys (normed, rotated) or values [..., heads, head_dim] the layer caches)."""
 
 
 def _linear(read: Callable[[str], np.ndarray], name: str, x: np.ndarray, observe: Observer | None) -> np.ndarray:
@@ -87,6 +88,9 @@ def decoder_stack(weights: Mapping[str, np.ndarray], prefix: str, cfg: Transform
         v = mm(a, f"{p}.self_attn.v_proj.weight").reshape(*x.shape[:-1], cfg.num_kv_heads, hd)
         q = _rope(_rms_norm(q, w(f"{p}.self_attn.q_norm.weight"), eps), positions, cfg.rope_theta)
         k = _rope(_rms_norm(k, w(f"{p}.self_attn.k_norm.weight"), eps), positions, cfg.rope_theta)
+        if observe is not None:  # what the layer's KV cache holds
+            observe(f"{prefix}.{p}.self_attn.k_cache", k)
+            observe(f"{prefix}.{p}.self_attn.v_cache", v)
         k, v = np.repeat(k, g, axis=-2), np.repeat(v, g, axis=-2)  # GQA: head h reads kv head h // g
         scores = np.einsum("...thd,...shd->...hts", q, k) / math.sqrt(hd) + causal
         probs = np.exp(scores - scores.max(-1, keepdims=True))

@@ -26,9 +26,11 @@ from qwen3_tts_gguf.model.stage_runtimes import StageRuntimeError, StageRuntimes
 from qwen3_tts_gguf.model.tokenizer import TextTokenizer
 
 
-def talker_settings(settings: EngineSettings, quant: str, threads: StageThreads | None = None):
+def talker_settings(settings: EngineSettings, quant: str, threads: StageThreads | None = None,
+                    activations: dict | None = None):
     """The talker's context settings (talker.TalkerSettings) for an engine with `settings` and a
-    talker of quant `quant`; `threads`: `settings.stage_threads` when already worked out."""
+    talker of quant `quant`; `threads`: `settings.stage_threads` when already worked out; `activations`: the
+    folder's measured ranges (manifest.activations)."""
     from qwen3_tts_gguf.model.talker import TalkerSettings, repack_pays
 
     threads = threads or settings.stage_threads
@@ -37,7 +39,8 @@ def talker_settings(settings: EngineSettings, quant: str, threads: StageThreads 
         # one row gets every core until a codec call runs beside it (the engine sets it per decode)
         threads=threads.talker_batch, batch_threads=threads.talker_batch, kv_cache=settings.kv_cache,
         gpu_layers=settings.gpu_layers, deterministic=settings.deterministic,
-        repack=repack_pays(quant, deterministic=settings.deterministic, gpu_layers=settings.gpu_layers))
+        repack=repack_pays(quant, deterministic=settings.deterministic, gpu_layers=settings.gpu_layers),
+        activations=activations)
 
 
 def predictor_file(manifest: Manifest, device: str = "cpu") -> str:
@@ -104,7 +107,8 @@ class LoadedModel:
         except Exception as e:  # the runtimes raise their own exception types for corrupt graphs
             raise graph_error(e) from e
         try:
-            self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant, threads))
+            self.talker = Talker(self.folder / TALKER_FILE, talker_settings(settings, self.manifest.quant, threads,
+                                                                                self.manifest.activations))
         except TalkerError as e:  # a talker file llama.cpp refuses, or a context it cannot make
             raise ModelFolderError(f"{self.folder}: {e}") from e
         self.codec_overlap = settings.overlaps_codec

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -74,16 +75,29 @@ _KV_LAYOUT = {"f32": ("GGML_TYPE_F32", 4.0, "LLAMA_FLASH_ATTN_TYPE_DISABLED"),
 KV_BLOCK = 32  # values per q8_0 / q4_0 block: a quantized cache needs head dimensions that are multiples of it
 
 
-def kv_cache_for(asked: str, head_dim: int) -> str:
+def kv_cache_for(asked: str, head_dim: int, measured: Mapping | None = None) -> str:
     """The KV cache precision to use: `asked`, or f16 when the heads cannot be cut into q8_0 blocks
-    (the tiny test shapes; every published Qwen3-TTS talker has 128-wide heads)."""
+    (the tiny test shapes; every published Qwen3-TTS talker has 128-wide heads). `measured`: the model
+    folder's `activations` (convert/precision/activation_ranges.py): where what the talker's layers cache
+    passes what f16 holds, f32 (an f16 cache, and the f16 scales and GPU kernels of 8-bit blocks, would
+    overflow); where one value towers over its row (8-bit blocks would round the rest to zero), f16."""
     if asked not in KV_CACHE_TYPES:
         raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, got {asked!r}")
-    if asked != "f16" and head_dim % KV_BLOCK:
+    kind = asked
+    if kind != "f16" and head_dim % KV_BLOCK:
         log.info("talker heads are %d wide, not a multiple of %d: KV cache f16 instead of %s", head_dim, KV_BLOCK,
-                 asked)
-        return "f16"
-    return asked
+                 kind)
+        kind = "f16"
+    cached = (measured or {}).get("talker_kv_cache")
+    if cached:
+        peak, ratio = cached["peak"], cached["peak_to_median"]
+        if peak > measured["f16_limit"]:
+            log.info("the talker caches values up to %.3g, past f16's range: KV cache f32 instead of %s", peak, kind)
+            return "f32"
+        if kind != "f16" and ratio > measured["int8_peak_to_median_limit"]:
+            log.info("the talker caches a value %.3g times its row's median: KV cache f16 instead of %s", ratio, kind)
+            return "f16"
+    return kind
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,8 @@ class TalkerSettings:
     deterministic: bool = False
     repack: bool = False  # llama.cpp's extra buffer types (weight repacking); see `repack_pays`
     kv_cache: str = "q8_0"  # KV_CACHE_TYPES; the deterministic profile always uses f32
+    # the model folder's measured ranges (manifest.activations), which bound the KV cache's precision (kv_cache_for)
+    activations: dict | None = field(default=None, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -168,7 +184,8 @@ class Talker:
         # move large batches' matmuls to the GPU by itself)
         cp.op_offload = bool(settings.gpu_layers)
         cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE
-        self._set_kv_cache(cp, "f32" if settings.deterministic else kv_cache_for(settings.kv_cache, self._head_dim()))
+        self._set_kv_cache(cp, "f32" if settings.deterministic else kv_cache_for(settings.kv_cache, self._head_dim(),
+                                                                               settings.activations))
         self._ctx = L.llama_init_from_model(self._model, cp)
         if not self._ctx and self.kv_cache not in ("f16", "f32"):
             # a GPU backend without flash attention for a quantized cache: f16 rather than no talker

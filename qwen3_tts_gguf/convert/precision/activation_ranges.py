@@ -28,7 +28,9 @@ format's.
 - f32, fp32 and bf16 (f32's range): nothing.
 The codec is written fp32 whatever the preset, but a GPU's matrix kernels may round its inputs to f16
 (ggml-vulkan's on a device with fp16): the report's `codec_peak` is its largest input peak, and a folder whose
-peak passes F16_LIMIT keeps the codec off the GPU (`model/stage_runtimes.py`).
+peak passes F16_LIMIT keeps the codec off the GPU (`model/stage_runtimes.py`). The talker's KV cache
+(f16, or 8-bit blocks with an f16 scale) takes the same two rules: the report's `talker_kv_cache` is what its
+layers cache at most, and the talker keeps a cache its values fit (`model/talker.kv_cache_for`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ peak's block then has a step of peak / 127, eight times the median input, which 
 LLAMA_QUANTS = ("q8_0", "q5_k_m", "q4_k_m", "iq4_nl")
 NBITS = ("int8", "int4")
 EXACT = ("f32", "fp32", "bf16")
+CACHED = (".k_cache", ".v_cache")
+"""The names `numpy_reference.decoder_stack` gives what an attention layer caches (no weight's)."""
 STAGES = {"talker": ("talker.model.", "talker.codec_head."), "code_predictor": ("talker.code_predictor.",),
           "codec": ("decoder.",)}
 """Each stage's weights by name prefix."""
@@ -72,9 +76,11 @@ class InputRange:
 
 @dataclass
 class ActivationRanges:
-    """Every measured weight's input range, by checkpoint tensor name."""
+    """Every measured weight's input range, by checkpoint tensor name; and what each attention layer caches
+    (`cached`, by `<stack>.layers.<i>.self_attn.k_cache` / `.v_cache`)."""
 
     inputs: dict[str, InputRange] = field(default_factory=dict)
+    cached: dict[str, InputRange] = field(default_factory=dict)
     model_size: str = ""  # the checkpoint's tts_model_size: "0b6" | "1b7"
     prompts: int = 0
     frames: int = 0
@@ -84,8 +90,9 @@ class ActivationRanges:
         rows = np.abs(np.asarray(x, np.float64)).reshape(-1, x.shape[-1])
         peaks = rows.max(-1)
         ratio = float((peaks / np.maximum(np.median(rows, -1), np.finfo(np.float32).tiny)).max())
-        seen = self.inputs.get(name, InputRange(0.0, 0.0))
-        self.inputs[name] = InputRange(max(seen.peak, float(peaks.max())), max(seen.peak_to_median, ratio))
+        into = self.cached if name.endswith(CACHED) else self.inputs
+        seen = into.get(name, InputRange(0.0, 0.0))
+        into[name] = InputRange(max(seen.peak, float(peaks.max())), max(seen.peak_to_median, ratio))
 
     def largest(self, prefixes: tuple[str, ...], n: int = 3) -> dict[str, float]:
         """The `n` largest peaks of the weights whose names start with one of `prefixes`."""
@@ -95,6 +102,7 @@ class ActivationRanges:
     def report(self, kept: dict[str, frozenset[str]]) -> dict:
         """The manifest's `activations` entry: what was measured, the limits, the largest peaks per stage,
         and for each file (`kept`: file -> the weights it keeps at f32) its kept weights with their ranges."""
+        talker_cached = [r for k, r in self.cached.items() if k.startswith("talker.model.")]
         return {
             "measured": f"{self.prompts} prompts, {self.frames} frame{'s' * (self.frames != 1)} each, "
                         "through the fp32 numpy reference",
@@ -102,6 +110,8 @@ class ActivationRanges:
             "largest_peaks": {stage: self.largest(prefix) for stage, prefix in STAGES.items()},
             "codec_peak": _round(max((r.peak for k, r in self.inputs.items() if k.startswith(STAGES["codec"])),
                                      default=0.0)),
+            "talker_kv_cache": {"peak": _round(max((r.peak for r in talker_cached), default=0.0)),
+                                "peak_to_median": _round(max((r.peak_to_median for r in talker_cached), default=0.0))},
             "kept_f32": {file: {k: {"peak": _round(self.inputs[k].peak),
                                     "peak_to_median": _round(self.inputs[k].peak_to_median)} for k in sorted(names)}
                          for file, names in kept.items()},
