@@ -13,6 +13,8 @@
                                                             # MatMuls, GQA
     python -m bench.experiments llama-builds --builds DIR   # llama_cpp builds installed in DIR (pip --target)
                                                             # beside the engine's
+    python -m bench.experiments cp-spike [--devices CPU,Vulkan0]  # the ggml code predictor at --shape with the
+                                                            # published 0.6B's activation spike planted
 
 `--load cpu1|cpu2|stream1` runs the comparison beside that `stress-ng` load (bench/busy.py's LOADS).
 
@@ -44,7 +46,7 @@ from qwen3_tts_gguf.model.manifest import (
 )
 
 from bench.busy import LOADS, SETTLE_S, StressLoad
-from bench.common import OUT, Meter, median, wait_for_quiet
+from bench.common import CACHE, OUT, Meter, median, wait_for_quiet
 
 
 def _model_dir(shape: str, quant: str, cp: str = "int8") -> Path:
@@ -425,10 +427,66 @@ def codec_batch(args) -> dict:
 
 STRESS_ARGS = {key: args for key, args, _ in LOADS if args}  # --load: stress-ng's arguments per load
 
+def cp_spike(args) -> dict:
+    """The ggml code predictor on the random checkpoint of `--shape` with the published 0.6B's activation spike
+    planted (tests/planted_spike.py): greedy codes of the f16 llama stages file as the converter writes it (the
+    layers whose inputs f16 cannot hold kept f32) and as it was written before (every matrix f16), against the
+    float64 reference, on each of `--devices` (a Vulkan device needs the Vulkan build's LLAMA_CPP_LIB_PATH)."""
+    from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+    from qwen3_tts_gguf.convert.llama_stages import f32_weights, write_llama_stages
+    from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits
+    from qwen3_tts_gguf.convert.presets import PRESETS
+    from qwen3_tts_gguf.ggml.batched_predictor import GgmlCodePredictor
+    from qwen3_tts_gguf.ggml.graph import Backend
+    from qwen3_tts_gguf.model.sampler import SamplingParams
+
+    from bench import prepare
+    from tests.greedy_agreement import NEAR_TIE
+    from tests.planted_spike import CP_DOWN, plant
+
+    source, _ = prepare.ensure_checkpoint(args.shape)
+    work = CACHE / f"spiked-{source.name}"
+    shutil.rmtree(work, ignore_errors=True)
+    ranges = plant(source, work / "checkpoint")
+    ckpt = Checkpoint.open(work / "checkpoint")
+    fmt = PRESETS["default"].llama_stages
+    files = {"kept f32 (as converted)": f32_weights(ranges, fmt), "all f16 (as before)": frozenset()}
+    rng = np.random.default_rng(2)
+    hidden = rng.standard_normal((8, ckpt.config.talker.hidden_size)).astype(np.float32)
+    code0 = rng.integers(0, ckpt.config.codec.codebook_size, len(hidden))
+    rows = []
+    for label, kept in files.items():
+        path = work / f"stages-{len(kept)}.gguf"
+        write_llama_stages(ckpt, path, fmt, kept)
+        for device in args.devices:
+            backend = Backend(None if device == "CPU" else device, threads=args.threads)
+            predictor = GgmlCodePredictor(path, backend)
+            codes = predictor.predict(hidden, code0, SamplingParams(greedy=True),
+                                      rand=np.zeros((len(hidden), 15), np.float32)).codes
+            predictor.close()
+            backend.close()
+            wrong = ties = 0
+            for h, c, row in zip(hidden, code0, codes):
+                logits = code_predictor_logits(ckpt.weights, ckpt.config, h, c, row)
+                top2 = np.sort(logits, axis=-1)[:, -2:]
+                near = top2[:, 1] - top2[:, 0] < NEAR_TIE
+                differ = logits.argmax(-1) != row
+                wrong, ties = wrong + int((differ & ~near).sum()), ties + int((differ & near).sum())
+            rows.append([label, device, len(kept), codes.size, wrong, ties])
+    shutil.rmtree(work, ignore_errors=True)
+    peak = ranges.inputs[CP_DOWN].peak
+    markdown = (f"The code predictor of a random `{args.shape}` checkpoint, its first layer's `down_proj` input "
+                f"planted to peak at {peak:.3g} on the measured prompts; greedy codes of {len(hidden)} random "
+                "talker states against the float64 reference (a near tie: top-2 logits within "
+                f"{NEAR_TIE}):\n\n" + _table(rows, ["llama stages file", "device", "matrices kept f32", "codes",
+                                                      "wrong", "near ties"]))
+    return {"rows": rows, "peak": peak, "markdown": markdown}
+
+
 EXPERIMENTS = {"engine-knobs": engine_knobs, "codec-overlap": codec_overlap, "cp-quant": cp_quant,
                "codec-batch": codec_batch, "presets": presets, "talker-quants": talker_quants, "malloc": malloc,
                "omp-spin": omp_spin, "omp-policy": omp_policy, "graphs": graphs,
-               "llama-builds": llama_builds}
+               "llama-builds": llama_builds, "cp-spike": cp_spike}
 
 
 def _graph_keys(value: str) -> list[str]:
@@ -462,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cp-quant: MatMulNBits block sizes beside the converter's")
     p.add_argument("--builds", type=lambda v: v.split(","), default=[],
                    help="llama-builds: folders holding other llama_cpp builds (pip install --target)")
+    p.add_argument("--devices", type=lambda v: v.split(","), default=["CPU"],
+                   help="cp-spike: the ggml devices to run the code predictor on (CPU, Vulkan0, CUDA0)")
     p.add_argument("--load", choices=tuple(STRESS_ARGS),
                    help="run beside this stress-ng load (no quiet wait then)")
     return p

@@ -26,66 +26,25 @@ from qwen3_tts_gguf.convert import pipeline
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
 from qwen3_tts_gguf.convert.llama_stages import f32_weights, write_llama_stages
 from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits, decode_codes, decoder_stack
-from qwen3_tts_gguf.convert.pipeline import build_manifest, convert_checkpoint, prompt_builder
+from qwen3_tts_gguf.convert.pipeline import convert_checkpoint
 from qwen3_tts_gguf.convert.precision.activation_ranges import (
     F16_LIMIT,
     F16_MAX,
     ActivationRanges,
     keep_f32,
-    measure,
 )
 from qwen3_tts_gguf.convert.predictor_graph import build_code_predictor, quantize_code_predictor
 from qwen3_tts_gguf.convert.presets import PRESETS, LlamaStagesFormat
 from qwen3_tts_gguf.convert.talker_gguf import gguf_tensor_types, write_talker_gguf
-from qwen3_tts_gguf.convert.text_tables import write_text_tables
 from qwen3_tts_gguf.convert.verify import PREDICTOR_REL_RMS, TALKER_REL_RMS, VerificationError, _rel_rms
 from qwen3_tts_gguf.model.manifest import LLAMA_STAGES_FILE, MANIFEST, PREDICTOR_FILE, TALKER_FILE, load_manifest
-from qwen3_tts_gguf.model.safetensors_io import write_safetensors
 from qwen3_tts_gguf.model.sampler import SamplingParams, pack
 from qwen3_tts_gguf.model.stage_runtimes import CodecRuntimeError, resolve
 from qwen3_tts_gguf.model.talker import DecodeItem, Talker, TalkerSettings, kv_cache_for
 
 from tests.conftest import ROOT
 from tests.greedy_agreement import NEAR_TIE
-
-PEAK = 2e5
-"""down_proj's planted input peak on the measured prompts (the issue's reproduction planted ~2e5)."""
-PLANTED = ("talker.code_predictor.model", "talker.model")
-CHANNEL = 0
-CP_DOWN, TALKER_DOWN = (f"{stack}.layers.0.mlp.down_proj.weight" for stack in PLANTED)
-
-
-def measured(ckpt_dir: Path, work: Path) -> ActivationRanges:
-    """`measure` of a checkpoint folder, its text tables written into `work`."""
-    ckpt = Checkpoint.open(ckpt_dir)
-    manifest = build_manifest(ckpt, "f32", "measured")
-    write_text_tables(ckpt, work / "tables.safetensors")
-    return measure(ckpt, prompt_builder(ckpt_dir, manifest, work / "tables.safetensors"))
-
-
-def plant(src: Path, dst: Path) -> ActivationRanges:
-    """`src` with a massive activation planted in the first layer of the code predictor and of the talker
-    (the module docstring), written to `dst` (its other files linked); returns its measured ranges."""
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.name != "model.safetensors":
-            (dst / f.name).symlink_to(f)
-    base = {n: np.array(w, np.float32) for n, w in Checkpoint.open(src).weights.items()}
-    scales = dict.fromkeys(PLANTED, 30.0)
-    for _ in range(2):  # once s * gate is large, down_proj's input grows as s^2: one correction lands on PEAK
-        weights = dict(base)
-        for stack, s in scales.items():
-            for leaf, where, factor in (("gate_proj", np.s_[CHANNEL], s), ("up_proj", np.s_[CHANNEL], s),
-                                        ("down_proj", np.s_[:, CHANNEL], 1 / s ** 2)):
-                name = f"{stack}.layers.0.mlp.{leaf}.weight"
-                weights[name] = base[name].copy()
-                weights[name][where] *= factor
-        (dst / "model.safetensors").unlink(missing_ok=True)
-        write_safetensors(dst / "model.safetensors", weights)
-        ranges = measured(dst, dst.parent)
-        scales = {stack: s * np.sqrt(PEAK / ranges.inputs[f"{stack}.layers.0.mlp.down_proj.weight"].peak)
-                  for stack, s in scales.items()}
-    return ranges
+from tests.planted_spike import CP_DOWN, PEAK, TALKER_DOWN, measured, plant
 
 
 @pytest.fixture(scope="module")
