@@ -60,7 +60,6 @@ _OPS = {
     "ggml_get_rows": [T, T], "ggml_sum_rows": [T], "ggml_cumsum": [T], "ggml_argsort": [T, _i], "ggml_top_k": [T, _i],
     "ggml_pad": [T, _i, _i, _i, _i], "ggml_ssm_conv": [T, T], "ggml_im2col": [T, T, _i, _i, _i, _i, _i, _i, _b, _i],
     "ggml_swiglu_split": [T, T], "ggml_cast": [T, _i], "ggml_argmax": [T],
-    "ggml_set_inplace": [T, T, _sz, _sz, _sz, _sz],
 }
 _FUNCS = {
     "ggml_init": ([InitParams], _vp), "ggml_free": ([_vp], None), "ggml_tensor_overhead": ([], _sz),
