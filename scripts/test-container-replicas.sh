@@ -17,12 +17,10 @@ IMAGE="${QTTS_REPLICA_IMAGE:-localhost/qwen3-tts-x:cpu-test}"
 command -v haproxy >/dev/null || { echo "apt-get install haproxy" >&2; exit 1; }
 podman image exists "$IMAGE" || { echo "no $IMAGE: run scripts/test-container.sh first" >&2; exit 1; }
 
-# podman's default runtime fails here (docs/deploy.md, "Container runtime"): runc and explicit ulimits
-GLOBAL="" RUN=""
-if ! timeout 120 podman run --rm --network none "$IMAGE" --help >/dev/null 2>&1; then
-  GLOBAL="--runtime runc"
-  RUN="--ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
-fi
+. scripts/lib/container-run.sh  # container_runtime
+container_runtime "$IMAGE" --help
+GLOBAL="${RT[*]}" RUN="${ULIMITS[*]}"
+echo "container runtime: $RUNTIME"
 echo "image $IMAGE; podman $GLOBAL; run $RUN; haproxy $(haproxy -v | head -1 | awk '{print $3}')"
 t0=$(date +%s)
 QTTS_REPLICA_IMAGE="$IMAGE" QTTS_REPLICA_PODMAN_ARGS="$GLOBAL" QTTS_REPLICA_RUN_ARGS="$RUN" \

@@ -43,9 +43,7 @@ PY="$ROOT/.venv/bin/python"
 UID_IN_IMAGE=10001
 START_ALL=$(date +%s)
 
-step() { echo; echo "== [$(date -u +%H:%M:%S)] $*"; }
-info() { echo "   $*"; }
-die() { echo "FAILED: $*" >&2; exit 1; }
+. "$ROOT/scripts/lib/container-run.sh"  # step, info, die, container_runtime
 
 cleanup() {
   local rc=$?
@@ -124,19 +122,8 @@ else
   info "reusing $BASE_IMAGE (--rebuild-base to make it again)"
 fi
 
-# the container runtime: podman's default first; where it fails here, runc with explicit ulimits
-RT=() ULIMITS=()
-probe_err="$(timeout 120 podman run --rm --network none "$BASE_IMAGE" true 2>&1)" && probe_ok=1 || probe_ok=0
-if [ "$probe_ok" = 1 ]; then
-  info "container runtime: podman's default ($(podman info --format '{{.Host.OCIRuntime.Name}}'))"
-else
-  info "podman's default runtime fails here: $(echo "$probe_err" | tr '\n' ' ' | cut -c1-300)"
-  RT=(--runtime runc)
-  ULIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
-  timeout 120 podman "${RT[@]}" run --rm --network none "${ULIMITS[@]}" "$BASE_IMAGE" true \
-    || die "runc with explicit ulimits fails too"
-  info "container runtime: runc, --ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
-fi
+container_runtime "$BASE_IMAGE" true
+info "container runtime: $RUNTIME"
 
 # ---------------------------------------------------------------------------------------------
 step "4/7 image $IMAGE (podman build --format docker --target cpu, no network)"

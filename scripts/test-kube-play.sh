@@ -41,9 +41,7 @@ WORK="$(mktemp -d /var/tmp/qtts-kube-play.XXXXXX)"
 PY="$ROOT/.venv/bin/python"
 START_ALL=$(date +%s)
 
-step() { echo; echo "== [$(date -u +%H:%M:%S)] $*"; }
-info() { echo "   $*"; }
-die() { echo "FAILED: $*" >&2; exit 1; }
+. "$ROOT/scripts/lib/container-run.sh"  # step, info, die, container_runtime
 
 cleanup() {
   local rc=$?
@@ -72,9 +70,9 @@ step "1/6 the image"
 podman image exists "$TEST_IMAGE" || die "no $TEST_IMAGE: run scripts/test-container.sh first"
 podman tag "$TEST_IMAGE" "$IMAGE"
 info "$IMAGE = $TEST_IMAGE ($(( $(podman image inspect "$IMAGE" --format '{{.Size}}') / 1000000 )) MB)"
-# podman's default runtime fails here (scripts/test-container.sh, "Container runtime"): runc with explicit
-# ulimits, through containers.conf since `kube play` takes no --ulimit
-if ! timeout 120 podman run --rm --network none "$IMAGE" --help >/dev/null 2>&1; then
+# `kube play` takes no --ulimit: runc and its ulimits, where needed, through containers.conf
+container_runtime "$IMAGE" --help
+if [ ${#RT[@]} -gt 0 ]; then
   cat > "$WORK/containers.conf" <<'EOF'
 [containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
@@ -82,8 +80,8 @@ default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 runtime = "runc"
 EOF
   export CONTAINERS_CONF="$WORK/containers.conf"
-  info "container runtime: runc, ulimits nofile and nproc 1024 (CONTAINERS_CONF)"
 fi
+info "container runtime: $RUNTIME${CONTAINERS_CONF:+ (CONTAINERS_CONF)}"
 
 # ---------------------------------------------------------------------------------------------
 step "2/6 $OVERLAY rendered; what podman plays"
