@@ -12,8 +12,8 @@ are built once per (B, N) and kept (`max_graphs`); every graph of one decoder sh
 buffer (`graph.GraphCache`), sized at load for the largest call (`max_call_frames` frames).
 
 Where the graph differs in form from the ONNX one (results equal up to rounding):
-- activations are [B, L, C] (channel last); a conv's taps are its input rows copied side by side (im2col
-  by ggml_set) times the kernel, one fp32 product (ggml_conv_1d would round its input to f16); the
+- activations are [B, L, C] (channel last); a conv's taps are its input rows side by side (im2col: one
+  copy of an overlapping view) times the kernel, one fp32 product (ggml_conv_1d would round its input to f16); the
   ConvNeXt depthwise convs are ggml_ssm_conv (a causal depthwise conv);
 - the Snake's sin^2 is ggml_sin squared (the ONNX graph's polynomial fits it within 1.1e-7);
 - RoPE's cos/sin tables and the window's mask are computed on the host per call from `pos`, as the ONNX
@@ -156,6 +156,7 @@ def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict
     Snakes' alpha and 1/beta as [C]."""
     strides = {f"upsample.{j}.0.conv": s for j, s in enumerate(cfg.upsampling_ratios)}
     strides |= {f"decoder.{n + 1}.block.1.conv": s for n, s in enumerate(cfg.upsample_rates)}
+    # a transposed conv's input channels: the latent width, then the official decoder's halving blocks
     inputs = {f"upsample.{j}.0.conv": cfg.latent_dim for j in range(len(cfg.upsampling_ratios))}
     inputs |= {f"decoder.{n + 1}.block.1.conv": cfg.decoder_dim >> n for n in range(len(cfg.upsample_rates))}
     out = {}
@@ -176,7 +177,7 @@ def _device_weights(raw: dict[str, np.ndarray], cfg: CodecDecoderConfig) -> dict
             out[key] = array.reshape(array.shape[0], array.shape[2])
         elif array.ndim == 3:  # a causal conv's [C_out, C_in, k]
             out[key] = np.ascontiguousarray(array.transpose(0, 2, 1).reshape(array.shape[0], -1))
-        elif array.ndim == 2 and not key.startswith("quantizer.") or key.endswith("output_proj.weight_t"):
+        elif (array.ndim == 2 and not key.startswith("quantizer.")) or key.endswith("output_proj.weight_t"):
             out[key] = np.ascontiguousarray(array.T)  # a linear layer's [in, out] (GraphBuilder.linear)
         else:
             out[key] = array
