@@ -434,7 +434,6 @@ def cp_spike(args) -> dict:
     float64 reference, on each of `--devices` (a Vulkan device needs the Vulkan build's LLAMA_CPP_LIB_PATH)."""
     from qwen3_tts_gguf.convert.checkpoint import Checkpoint
     from qwen3_tts_gguf.convert.llama_stages import f32_weights, write_llama_stages
-    from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits
     from qwen3_tts_gguf.convert.presets import PRESETS
     from qwen3_tts_gguf.ggml.batched_predictor import GgmlCodePredictor
     from qwen3_tts_gguf.ggml.graph import Backend
@@ -442,7 +441,7 @@ def cp_spike(args) -> dict:
 
     from bench import prepare
     from tests.greedy_agreement import NEAR_TIE
-    from tests.planted_spike import CP_DOWN, plant
+    from tests.planted_spike import CP_DOWN, against_reference, plant
 
     source, _ = prepare.ensure_checkpoint(args.shape)
     work = CACHE / f"spiked-{source.name}"
@@ -465,14 +464,8 @@ def cp_spike(args) -> dict:
                                       rand=np.zeros((len(hidden), 15), np.float32)).codes
             predictor.close()
             backend.close()
-            wrong = ties = 0
-            for h, c, row in zip(hidden, code0, codes):
-                logits = code_predictor_logits(ckpt.weights, ckpt.config, h, c, row)
-                top2 = np.sort(logits, axis=-1)[:, -2:]
-                near = top2[:, 1] - top2[:, 0] < NEAR_TIE
-                differ = logits.argmax(-1) != row
-                wrong, ties = wrong + int((differ & ~near).sum()), ties + int((differ & near).sum())
-            rows.append([label, device, len(kept), codes.size, wrong, ties])
+            differ, near = against_reference(ckpt, hidden, code0, codes)
+            rows.append([label, device, len(kept), codes.size, differ - near, near])
     shutil.rmtree(work, ignore_errors=True)
     peak = ranges.inputs[CP_DOWN].peak
     markdown = (f"The code predictor of a random `{args.shape}` checkpoint, its first layer's `down_proj` input "

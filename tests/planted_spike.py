@@ -2,7 +2,7 @@
 channel of an MLP (the code predictor's first layer, and the talker's) has its gate and up rows scaled by s and
 its down_proj column by 1/s^2, so the MLP's output keeps its size while down_proj's input reaches PEAK on the
 converter's measured prompts. Used by tests/test_activation_ranges.py and `python -m bench.experiments cp-spike`
-(the published sizes)."""
+(the published sizes); `against_reference` judges a code predictor's greedy codes on them."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from qwen3_tts_gguf.convert.checkpoint import Checkpoint
+from qwen3_tts_gguf.convert.numpy_reference import code_predictor_logits
 from qwen3_tts_gguf.convert.pipeline import build_manifest, prompt_builder
 from qwen3_tts_gguf.convert.precision.activation_ranges import ActivationRanges, measure
 from qwen3_tts_gguf.convert.text_tables import write_text_tables
 from qwen3_tts_gguf.model.safetensors_io import write_safetensors
+
+from tests.greedy_agreement import NEAR_TIE
 
 PEAK = 2e5
 """down_proj's planted input peak on the measured prompts (the issue's reproduction planted ~2e5)."""
@@ -54,3 +57,18 @@ def plant(src: Path, dst: Path) -> ActivationRanges:
         scales = {stack: s * np.sqrt(PEAK / ranges.inputs[f"{stack}.layers.0.mlp.down_proj.weight"].peak)
                   for stack, s in scales.items()}
     return ranges
+
+
+def against_reference(ckpt: Checkpoint, hidden: np.ndarray, code0: np.ndarray, codes: np.ndarray,
+                      observe=None) -> tuple[int, int]:
+    """Greedy code-predictor codes [R, 15] of `hidden` / `code0` against the float64 reference's argmax
+    (teacher-forced on them): (codes that differ, of those the near ties: the reference's top two within
+    NEAR_TIE). `observe`: the reference's activation observer."""
+    differ = near = 0
+    for h, c, row in zip(hidden, code0, codes):
+        logits = code_predictor_logits(ckpt.weights, ckpt.config, h, c, row, observe=observe)
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        wrong = logits.argmax(-1) != row
+        differ += int(wrong.sum())
+        near += int((wrong & (top2[:, 1] - top2[:, 0] < NEAR_TIE)).sum())
+    return differ, near
