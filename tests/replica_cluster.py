@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.serve_process import free_port
+from tests.serve_process import free_port, stop_gracefully
 from tests.waiting import wait_until
 
 try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
@@ -302,13 +302,7 @@ class Balancer:
             assert out.strip() == "", out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_gracefully(self.proc, 10)
         self._log.close()
 
 

@@ -26,6 +26,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_gracefully(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL if `proc` is still there after `timeout_s`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class ServeProcess:
     """`serve *args` on 127.0.0.1 and a free port, stdout and stderr in `log_path`; a context manager
     that waits for `/ready` and kills the process if a test leaves it running."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ try:  # openai>=3 brings httpx2; older stacks have httpx (same API)
 except ImportError:  # pragma: no cover
     import httpx
 
-from tests.test_api_cli import free_port
+from tests.serve_process import free_port, stop_gracefully
 from tests.test_cli_voices import speechlike
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,13 +70,7 @@ class Replica:
 
     def stop(self) -> None:
         self.http.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_gracefully(self.proc, 90)
 
     # -- the API ----------------------------------------------------------------------------
     def create(self, name: str, seed: int, **fields) -> httpx.Response:
